@@ -1,0 +1,164 @@
+"""Every span name, attribute key and metric name llmtrace emits — and nowhere else as a literal.
+
+The names are a contract shared by the instrumentation, the collector config
+(tail-sampling policies key on them), the Grafana dashboard and the analyzer.
+GenAI semantic-convention names are used where they exist; llmtrace's own
+names live under ``llm.`` (spans/attributes) and ``llmtrace.`` (metrics).
+See docs/span-model.md for the meaning of each.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --------------------------------------------------------------------------- span names
+SPAN_REQUEST: Final = "llm.request"
+SPAN_TOKENIZE: Final = "llm.tokenize"
+SPAN_QUEUE: Final = "llm.queue"
+SPAN_PREFILL: Final = "llm.prefill"
+SPAN_DECODE: Final = "llm.decode"
+SPAN_DETOKENIZE: Final = "llm.detokenize"
+
+SPAN_ENGINE: Final = "llm.engine"
+SPAN_STEP: Final = "llm.step"
+SPAN_SCHEDULE: Final = "llm.schedule"
+SPAN_FORWARD: Final = "llm.forward"
+SPAN_SAMPLE: Final = "llm.sample"
+SPAN_POSTPROCESS: Final = "llm.postprocess"
+SPAN_GC: Final = "llm.gc"
+
+#: A per-layer forward span, only when ``instrument_model(..., layers=True)``.
+SPAN_LAYER: Final = "llm.layer"
+
+REQUEST_PHASE_SPANS: Final = (SPAN_TOKENIZE, SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE, SPAN_DETOKENIZE)
+STEP_CHILD_SPANS: Final = (SPAN_SCHEDULE, SPAN_FORWARD, SPAN_SAMPLE, SPAN_POSTPROCESS)
+
+# ------------------------------------------------------------- GenAI semantic conventions
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_PROMPT: Final = "gen_ai.prompt"  # only with capture_content=True
+GEN_AI_COMPLETION: Final = "gen_ai.completion"  # only with capture_content=True
+
+# vLLM-compatible latencies, in seconds.
+GEN_AI_LATENCY_TIME_IN_QUEUE: Final = "gen_ai.latency.time_in_queue"
+GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: Final = "gen_ai.latency.time_to_first_token"
+GEN_AI_LATENCY_E2E: Final = "gen_ai.latency.e2e"
+GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: Final = "gen_ai.latency.time_in_model_prefill"
+GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: Final = "gen_ai.latency.time_in_model_decode"
+
+# ------------------------------------------------------------------- llm.request (ours)
+LLM_REQUEST_ID: Final = "llm.request.id"
+LLM_REQUEST_FINISH_REASON: Final = "llm.request.finish_reason"
+LLM_TTFT_S: Final = "llm.ttft_s"
+LLM_TPOT_S: Final = "llm.tpot_s"
+LLM_ITL_MEAN_S: Final = "llm.itl.mean_s"
+LLM_ITL_P50_S: Final = "llm.itl.p50_s"
+LLM_ITL_P99_S: Final = "llm.itl.p99_s"
+LLM_ITL_MAX_S: Final = "llm.itl.max_s"
+LLM_PREEMPTIONS: Final = "llm.preemptions"
+LLM_DECODE_STEPS: Final = "llm.decode.steps"
+LLM_DECODE_STALL_S: Final = "llm.decode.stall_s"
+LLM_DETOKENIZE_TOTAL_S: Final = "llm.detokenize.total_s"
+LLM_STEP_FIRST_ID: Final = "llm.step.first_id"
+LLM_STEP_LAST_ID: Final = "llm.step.last_id"
+LLM_ENERGY_J: Final = "llm.energy_j"
+LLM_STREAM: Final = "llm.stream"
+LLM_TIME_TO_FIRST_BYTE_S: Final = "llm.http.time_to_first_byte_s"
+LLM_QUEUE_INDEX: Final = "llm.queue.index"  # 0 for the first wait, 1 after the first preemption, ...
+
+# Phase spans.
+LLM_TOKENIZE_TOKENS: Final = "llm.tokenize.tokens"
+LLM_TOKENIZE_BATCH: Final = "llm.tokenize.batch_size"
+LLM_TOKENIZER_CLASS: Final = "llm.tokenizer.class"
+LLM_DETOKENIZE_TOKENS: Final = "llm.detokenize.tokens"
+
+# ------------------------------------------------------------------- engine timeline
+LLM_ENGINE_ID: Final = "llm.engine.id"
+LLM_ENGINE_WINDOW_STEPS: Final = "llm.engine.window.steps"
+LLM_STEP_ID: Final = "llm.step.id"
+LLM_BATCH_SIZE: Final = "llm.batch.size"
+LLM_BATCH_PREFILL_TOKENS: Final = "llm.batch.prefill_tokens"
+LLM_BATCH_DECODE_TOKENS: Final = "llm.batch.decode_tokens"
+LLM_BATCH_REQUEST_IDS: Final = "llm.batch.request_ids"
+LLM_QUEUE_WAITING: Final = "llm.queue.waiting"
+LLM_QUEUE_RUNNING: Final = "llm.queue.running"
+LLM_KV_CACHE_USAGE: Final = "llm.kv_cache.usage"
+LLM_PREEMPTED: Final = "llm.preempted"
+LLM_FORWARD_GPU_TIME_S: Final = "llm.forward.gpu_time_s"
+LLM_FORWARD_GPU_START_NS: Final = "llm.forward.gpu_start_ns"
+LLM_FORWARD_GPU_END_NS: Final = "llm.forward.gpu_end_ns"
+LLM_FORWARD_BATCH_SHAPE: Final = "llm.forward.input_shape"
+LLM_FORWARD_DTYPE: Final = "llm.forward.dtype"
+LLM_FORWARD_DEVICE: Final = "llm.forward.device"
+LLM_MODEL_CLASS: Final = "llm.model.class"
+LLM_LAYER_NAME: Final = "llm.layer.name"
+LLM_GC_GENERATION: Final = "llm.gc.generation"
+LLM_GC_COLLECTED: Final = "llm.gc.collected"
+
+# torch memory on llm.forward (only when torch already initialised CUDA).
+LLM_TORCH_MEMORY_ALLOCATED: Final = "llm.torch.memory.allocated"
+LLM_TORCH_MEMORY_RESERVED: Final = "llm.torch.memory.reserved"
+LLM_TORCH_MEMORY_PEAK: Final = "llm.torch.memory.peak"
+
+# ------------------------------------------------------------------- GPU (hw.gpu.*)
+HW_GPU_ID: Final = "hw.gpu.id"  # comma-separated device ids the span ran on
+HW_GPU_UTILIZATION: Final = "hw.gpu.utilization"  # 0..1
+HW_GPU_MEMORY_UTILIZATION: Final = "hw.gpu.memory.utilization"  # memory-controller busy, 0..1
+HW_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"  # bytes
+HW_GPU_MEMORY_LIMIT: Final = "hw.gpu.memory.limit"  # bytes
+HW_GPU_POWER: Final = "hw.gpu.power"  # watts
+HW_GPU_ENERGY: Final = "hw.gpu.energy"  # joules, monotonically increasing counter
+HW_GPU_TEMPERATURE: Final = "hw.gpu.temperature"  # celsius
+HW_GPU_CLOCK_SM: Final = "hw.gpu.clock.sm"  # MHz
+HW_GPU_CLOCK_MEMORY: Final = "hw.gpu.clock.memory"  # MHz
+HW_GPU_PCIE_TX: Final = "hw.gpu.pcie.tx"  # bytes/s
+HW_GPU_PCIE_RX: Final = "hw.gpu.pcie.rx"  # bytes/s
+HW_GPU_THROTTLE_REASONS: Final = "hw.gpu.throttle_reasons"  # bitmask
+#: Suffixes appended to a hw.gpu.* key for window aggregates on spans.
+AGG_MEAN_SUFFIX: Final = ".mean"
+AGG_MAX_SUFFIX: Final = ".max"
+
+# ------------------------------------------------------------------- resource
+LLMTRACE_VERSION_ATTR: Final = "llmtrace.version"
+LLMTRACE_PROCESS_ROLE: Final = "llmtrace.process.role"  # api-server | engine | worker
+
+# ------------------------------------------------------------------- metrics
+METRIC_TTFT: Final = "gen_ai.server.time_to_first_token"
+METRIC_TPOT: Final = "gen_ai.server.time_per_output_token"
+METRIC_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
+METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+METRIC_QUEUE_TIME: Final = "llmtrace.queue.time"
+METRIC_BATCH_SIZE: Final = "llmtrace.batch.size"
+METRIC_GPU_IDLE_RATIO: Final = "llmtrace.gpu.idle_ratio"
+METRIC_GPU_AVAILABLE: Final = "llmtrace.gpu.available"
+METRIC_DROPPED_SPANS: Final = "llmtrace.spans.dropped"
+METRIC_INSTRUMENTATION_ERRORS: Final = "llmtrace.instrumentation.errors"
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"  # input | output on METRIC_TOKEN_USAGE
+
+# GenAI semantic-convention bucket advice (seconds).
+TTFT_BUCKETS: Final = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)
+TPOT_BUCKETS: Final = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+)
+REQUEST_DURATION_BUCKETS: Final = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)
+TOKEN_USAGE_BUCKETS: Final = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864,
+)
+
+# ------------------------------------------------------------------- values
+FINISH_STOP: Final = "stop"
+FINISH_LENGTH: Final = "length"
+FINISH_ABORT: Final = "abort"
+FINISH_ERROR: Final = "error"
