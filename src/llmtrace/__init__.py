@@ -1,0 +1,60 @@
+"""llmtrace — server-side tracing for LLM inference.
+
+One line in serving code::
+
+    import llmtrace
+    llmtrace.instrument()
+
+patches the network handlers, tokenizers, model forward and ``generate()`` of
+the libraries the service uses (as they are imported) and emits the request and
+engine traces described in docs/span-model.md. With no endpoint configured the
+spans go to ``llmtrace-traces.jsonl``, which ``llmtrace analyze`` reads.
+
+Custom engines report through the lifecycle API: :func:`start_request`,
+:class:`RequestTracker` and :class:`EngineTracer`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmtrace._instrument import Instrumentation, flush, instrument, shutdown, uninstrument
+from llmtrace._version import __version__
+from llmtrace.errors import ConfigError, LLMTraceError, SourceError
+from llmtrace.lifecycle.engine import EngineTracer, StepRecord
+from llmtrace.lifecycle.propagation import extract as extract_carrier
+from llmtrace.lifecycle.propagation import inject as inject_carrier
+from llmtrace.lifecycle.request import RequestHandle, current_request, start_request
+from llmtrace.lifecycle.tracker import RequestTracker
+
+__all__ = [
+    "ConfigError",
+    "EngineTracer",
+    "Instrumentation",
+    "LLMTraceError",
+    "RequestHandle",
+    "RequestTracker",
+    "SourceError",
+    "StepRecord",
+    "__version__",
+    "current_request",
+    "extract_carrier",
+    "flush",
+    "inject_carrier",
+    "instrument",
+    "instrument_model",
+    "shutdown",
+    "start_request",
+    "uninstrument",
+]
+
+
+def instrument_model(model: Any, *, layers: bool = False, engine_id: str | None = None) -> Any:
+    """Trace a torch ``nn.Module``'s forward as ``llm.forward`` (forward hooks; no global patch).
+
+    ``layers=True`` adds an ``llm.layer`` span per direct child module. Returns
+    *model*; :func:`llmtrace.integrations.torch.uninstrument_model` removes the hooks.
+    """
+    from llmtrace.integrations.torch import instrument_model as _instrument_model
+
+    return _instrument_model(model, layers=layers, engine_id=engine_id)

@@ -1,0 +1,205 @@
+"""Export plumbing: the OTLP-JSON-lines file exporter and a bounded, counting span processor.
+
+The file format is the OTLP/JSON mapping, one ``ExportTraceServiceRequest``
+(``{"resourceSpans": [...]}``) or ``ExportMetricsServiceRequest``
+(``{"resourceMetrics": [...]}``) per line, ids in hex — the same format the
+collector's file exporter writes, so ``llmtrace analyze`` reads both.
+Several processes (API server, engine) may append to one file: each batch is one
+``write()`` on an ``O_APPEND`` descriptor, which Linux does not interleave.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.context import Context
+from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+from llmtrace._safety import warn_once
+
+log = logging.getLogger("llmtrace")
+
+_ID_KEYS = frozenset(("traceId", "spanId", "parentSpanId"))
+
+
+def _hex_ids(node: Any) -> Any:
+    """OTLP/JSON wants trace and span ids in hex; protobuf's JSON mapping gives base64."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in _ID_KEYS and isinstance(value, str):
+                node[key] = base64.b64decode(value).hex()
+            else:
+                _hex_ids(value)
+    elif isinstance(node, list):
+        for item in node:
+            _hex_ids(item)
+    return node
+
+
+class _AppendFile:
+    """One O_APPEND descriptor shared by the span and metric exporters of a process."""
+
+    _announced: set[str] = set()
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+        if self.path not in _AppendFile._announced and os.environ.get("LLMTRACE_QUIET") != "1":
+            _AppendFile._announced.add(self.path)
+            log.warning("llmtrace: writing traces and metrics to %s", self.path)
+
+    def write_json(self, document: dict[str, Any]) -> None:
+        data = (json.dumps(document, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            if self._fd >= 0:
+                os.write(self._fd, data)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Writes span batches as OTLP/JSON lines."""
+
+    def __init__(self, sink: _AppendFile) -> None:
+        self._sink = sink
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            message = encode_spans(spans)
+            self._sink.write_json(_hex_ids(MessageToDict(message, use_integers_for_enums=True)))
+        except OSError as exc:
+            warn_once(f"file-export:{self._sink.path}", "llmtrace: cannot write %s: %s", self._sink.path, exc)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._sink.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class JsonLinesMetricExporter(MetricExporter):
+    """Writes metric batches as OTLP/JSON lines (``resourceMetrics``)."""
+
+    def __init__(self, sink: _AppendFile) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        try:
+            message = encode_metrics(metrics_data)
+            self._sink.write_json(_hex_ids(MessageToDict(message, use_integers_for_enums=True)))
+        except OSError:
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._sink.close()
+
+
+def open_sink(path: str) -> _AppendFile:
+    return _AppendFile(path)
+
+
+class DropCounter:
+    """Spans dropped by llmtrace's export path, exported as ``llmtrace.spans.dropped``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.dropped += count
+
+
+class _CountingExporter(SpanExporter):
+    """Counts what the inner exporter failed to deliver, and says so once."""
+
+    def __init__(self, inner: SpanExporter, drops: DropCounter, pending: list[int], name: str) -> None:
+        self._inner, self._drops, self._pending, self._name = inner, drops, pending, name
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the export thread
+            warn_once(f"export-exc:{self._name}", "llmtrace: exporter %s failed: %r", self._name, exc)
+            result = SpanExportResult.FAILURE
+        finally:
+            self._pending[0] -= len(spans)
+        if result is not SpanExportResult.SUCCESS:
+            self._drops.add(len(spans))
+            warn_once(f"export-fail:{self._name}",
+                      "llmtrace: exporting to %s failed; spans are being dropped and counted "
+                      "(metric llmtrace.spans.dropped). The application is unaffected.", self._name)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class BoundedSpanProcessor(SpanProcessor):
+    """A BatchSpanProcessor whose queue bound is enforced and whose drops are counted.
+
+    The SDK's batch processor also bounds its queue, but drops silently; here a
+    span beyond ``max_queue_size`` pending is counted in :class:`DropCounter`.
+    """
+
+    def __init__(self, exporter: SpanExporter, drops: DropCounter, max_queue_size: int, name: str) -> None:
+        self._pending = [0]  # a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
+        self._max = max_queue_size
+        self._drops = drops
+        counting = _CountingExporter(exporter, drops, self._pending, name)
+        self._batch = BatchSpanProcessor(
+            counting,
+            max_queue_size=max_queue_size,
+            max_export_batch_size=min(512, max_queue_size),
+            schedule_delay_millis=1000,
+            export_timeout_millis=5000,
+        )
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        return None
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if not span.context or not span.context.trace_flags.sampled:
+            return
+        if self._pending[0] >= self._max:
+            self._drops.add(1)
+            warn_once("export-queue-full", "llmtrace: export queue full (%d spans); dropping and counting",
+                      self._max)
+            return
+        self._pending[0] += 1
+        self._batch.on_end(span)
+
+    def shutdown(self) -> None:
+        self._batch.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._batch.force_flush(timeout_millis)

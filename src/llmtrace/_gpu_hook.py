@@ -1,0 +1,40 @@
+"""The one door from the lifecycle core to the GPU sampler (which may be absent).
+
+Span builders call these off the hot path; with no sampler running they return
+nothing, so every code path works on a machine without a GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _sampler() -> Any | None:
+    try:
+        from llmtrace.gpu.sampler import get_sampler
+    except ImportError:
+        return None
+    return get_sampler()
+
+
+def span_attributes_for(start_mono_ns: int, end_mono_ns: int) -> dict[str, Any]:
+    """GPU mean/max attributes over a span's lifetime, or {} without a sampler."""
+    sampler = _sampler()
+    if sampler is None:
+        return {}
+    try:
+        return dict(sampler.span_attributes(start_mono_ns, end_mono_ns))
+    except Exception:  # noqa: BLE001 - GPU trouble never costs a span
+        return {}
+
+
+def energy_j(start_mono_ns: int, end_mono_ns: int) -> float | None:
+    """Energy the process's GPUs used in the interval, or None."""
+    sampler = _sampler()
+    if sampler is None:
+        return None
+    try:
+        value = sampler.energy_j(start_mono_ns, end_mono_ns)
+    except Exception:  # noqa: BLE001
+        return None
+    return None if value is None else float(value)

@@ -1,0 +1,172 @@
+"""``instrument()`` / ``uninstrument()`` / ``shutdown()``: configuration -> providers -> integrations."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import metrics as otel_metrics
+
+from llmtrace import _otel, _registry, _runtime
+from llmtrace._safety import add_error_listener
+from llmtrace._version import __version__
+from llmtrace.config import Settings, resolve
+from llmtrace.lifecycle.builder import BUILDER
+
+log = logging.getLogger("llmtrace")
+
+_lock = threading.Lock()
+_handle: Instrumentation | None = None
+_providers: _otel.Providers | None = None
+_atexit_registered = False
+
+
+@dataclass
+class Instrumentation:
+    """What ``instrument()`` returns: the resolved settings and what is active."""
+
+    settings: Settings
+    providers: _otel.Providers
+    gpu_sampler: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def integrations(self) -> list[str]:
+        """Integrations patched so far (a library not imported yet is patched when it is)."""
+        return _registry.active()
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return flush(timeout_s)
+
+    def uninstrument(self) -> None:
+        uninstrument()
+
+    def shutdown(self, timeout_s: float = 5.0) -> bool:
+        return shutdown(timeout_s)
+
+
+def _start_gpu(settings: Settings) -> Any:
+    if settings.gpu == "off":
+        return None
+    try:
+        from llmtrace.gpu.sampler import start_sampler
+    except ImportError:
+        return None
+    try:
+        return start_sampler(interval_s=settings.gpu_interval_s, required=settings.gpu == "on")
+    except Exception as exc:  # noqa: BLE001 - no GPU must never stop the service
+        log.warning("llmtrace: GPU sampling unavailable: %s", exc)
+        return None
+
+
+def _register_gpu_metrics(sampler: Any, meter: Any) -> None:
+    try:
+        from llmtrace.gpu.metrics import register_gpu_metrics
+    except ImportError:
+        return
+    try:
+        register_gpu_metrics(meter, sampler)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("llmtrace: GPU metrics unavailable: %s", exc)
+
+
+def instrument(**options: Any) -> Instrumentation:
+    """Turn llmtrace on: configure export, then patch every enabled integration.
+
+    Idempotent: a second call returns the active handle (and warns if its
+    options differ). See :mod:`llmtrace.config` for every option.
+    """
+    global _handle, _providers, _atexit_registered
+    settings = resolve(options)  # raises ConfigError before anything changes
+    with _lock:
+        if _handle is not None:
+            if options and options != _handle.options:
+                log.warning("llmtrace: already instrumented; new options ignored (call uninstrument() first)")
+            return _handle
+        if _providers is None:
+            explicit = bool({"exporter", "endpoint"} & set(options)) or _env_explicit()
+            _providers = _otel.setup(settings, explicit_exporter=explicit)
+        meter = _providers.meter_provider.get_meter("llmtrace", __version__)
+        from llmtrace.metrics import ServingMetrics
+
+        serving = ServingMetrics(meter, _providers.drops) if settings.metrics else None
+        if serving is not None:
+            add_error_listener(serving.record_error)
+        _runtime.install(_runtime.Runtime(settings=settings, providers=_providers, metrics=serving))
+        sampler = _start_gpu(settings)
+        if settings.metrics:
+            _register_gpu_metrics(sampler, meter)
+        _registry.enable(settings)
+        _handle = Instrumentation(settings=settings, providers=_providers, gpu_sampler=sampler, options=options)
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+        return _handle
+
+
+def _env_explicit() -> bool:
+    import os
+
+    return bool(os.environ.get("LLMTRACE_EXPORTER") or os.environ.get("LLMTRACE_ENDPOINT"))
+
+
+def uninstrument() -> None:
+    """Remove every patch (the library's original functions are restored, by identity)."""
+    global _handle
+    with _lock:
+        _registry.disable()
+        if _handle is not None and _handle.gpu_sampler is not None:
+            _stop_gpu()
+        _handle = None
+
+
+def _stop_gpu() -> None:
+    try:
+        from llmtrace.gpu.sampler import stop_sampler
+    except ImportError:
+        return
+    stop_sampler()
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Close open engine windows, build pending spans and export them, within *timeout_s*."""
+    from llmtrace.lifecycle.engine import _ENGINES
+
+    for engine in list(_ENGINES):
+        engine.flush_window()
+    ok = BUILDER.flush(timeout_s)
+    if _providers is not None:
+        ok = _otel.flush(_providers, timeout_s) and ok
+    else:
+        provider: Any = otel_metrics.get_meter_provider()
+        if hasattr(provider, "force_flush"):
+            provider.force_flush()
+    return ok
+
+
+def shutdown(timeout_s: float = 5.0) -> bool:
+    """Flush everything and stop llmtrace's exporters and threads; returns False on timeout."""
+    global _providers
+    ok = flush(timeout_s)
+    uninstrument()
+    BUILDER.stop(timeout_s)
+    with _lock:
+        if _providers is not None:
+            ok = _otel.shutdown(_providers, timeout_s) and ok
+            _providers = None
+        _runtime.reset()
+    return ok
+
+
+def _at_exit() -> None:
+    try:
+        shutdown(timeout_s=3.0)
+    except Exception:  # noqa: BLE001 - never turn interpreter exit into a traceback
+        pass
+
+
+def current() -> Instrumentation | None:
+    return _handle

@@ -1,0 +1,204 @@
+"""OpenTelemetry providers: build ours, or join the host's.
+
+If the host already set a global SDK TracerProvider / MeterProvider (vLLM and
+SGLang do), llmtrace uses it instead of replacing it; an exporter that the user
+configured *explicitly* for llmtrace is then added to the host's provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+
+from llmtrace import semconv
+from llmtrace._export import (
+    BoundedSpanProcessor,
+    DropCounter,
+    JsonLinesMetricExporter,
+    JsonLinesSpanExporter,
+    open_sink,
+)
+from llmtrace._version import __version__
+from llmtrace.config import Settings
+
+log = logging.getLogger("llmtrace")
+
+
+class LLMTraceSampler(Sampler):
+    """Parent-based request sampling; ``llm.engine`` window roots always pass.
+
+    Engine windows are sampled by llmtrace itself (``engine_sample_ratio``)
+    before any span exists, so a window is either recorded whole or costs nothing.
+    """
+
+    def __init__(self, ratio: float) -> None:
+        self._requests = ParentBased(TraceIdRatioBased(ratio))
+        self._ratio = ratio
+
+    def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                      attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+        if name == semconv.SPAN_ENGINE:
+            return ALWAYS_ON.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        return self._requests.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+    def get_description(self) -> str:
+        return f"LLMTraceSampler(requests={self._ratio})"
+
+
+@dataclass
+class Providers:
+    """What :func:`setup` built or joined; ``owned`` ones are shut down by llmtrace."""
+
+    tracer_provider: Any
+    meter_provider: Any
+    owns_tracer_provider: bool
+    owns_meter_provider: bool
+    drops: DropCounter
+    processors: list[SpanProcessor] = field(default_factory=list)
+    readers: list[MetricReader] = field(default_factory=list)
+
+
+def _host_provider(current: Any, sdk_type: type) -> Any | None:
+    return current if isinstance(current, sdk_type) else None
+
+
+def _otlp_endpoint(settings: Settings, signal: str) -> str | None:
+    endpoint = settings.endpoint
+    if endpoint is None:
+        return None
+    if settings.protocol == "http/protobuf" and not endpoint.rstrip("/").endswith(f"/v1/{signal}"):
+        return endpoint.rstrip("/") + f"/v1/{signal}"
+    return endpoint
+
+
+def _span_exporter(settings: Settings) -> tuple[SpanExporter | None, str]:
+    if settings.exporter == "none":
+        return None, "none"
+    if settings.exporter == "console":
+        return ConsoleSpanExporter(out=sys.stderr), "console"
+    if (path := settings.export_file) is not None:
+        return JsonLinesSpanExporter(open_sink(path)), path
+    endpoint = _otlp_endpoint(settings, "traces")
+    headers = settings.headers or None
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
+
+        insecure = endpoint is not None and endpoint.startswith("http://")
+        return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5), endpoint or "otlp"
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
+
+    return Http(endpoint=endpoint, headers=headers, timeout=5), endpoint or "otlp"
+
+
+def _metric_exporter(settings: Settings) -> MetricExporter | None:
+    if settings.exporter == "none" or not settings.metrics:
+        return None
+    if settings.exporter == "console":
+        return ConsoleMetricExporter(out=sys.stderr)
+    if (path := settings.export_file) is not None:
+        return JsonLinesMetricExporter(open_sink(path))
+    endpoint = _otlp_endpoint(settings, "metrics")
+    headers = settings.headers or None
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as Grpc
+
+        insecure = endpoint is not None and endpoint.startswith("http://")
+        return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
+
+    return Http(endpoint=endpoint, headers=headers, timeout=5)
+
+
+def resource_for(settings: Settings) -> Resource:
+    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES; our explicit keys win.
+    return Resource.create({
+        "service.name": settings.service_name,
+        semconv.LLMTRACE_VERSION_ATTR: __version__,
+        semconv.LLMTRACE_PROCESS_ROLE: settings.process_role,
+        "telemetry.distro.name": "llmtrace",
+    })
+
+
+def setup(settings: Settings, explicit_exporter: bool) -> Providers:
+    """Build (or join) the tracer and meter providers for *settings*."""
+    drops = DropCounter()
+    host_tp = _host_provider(trace.get_tracer_provider(), TracerProvider)
+    host_mp = _host_provider(metrics.get_meter_provider(), MeterProvider)
+    processors: list[SpanProcessor] = []
+    if host_tp is None or explicit_exporter:
+        exporter, name = _span_exporter(settings)
+        if exporter is not None:
+            processor: SpanProcessor
+            if settings.exporter == "console":
+                processor = SimpleSpanProcessor(exporter)
+            else:
+                processor = BoundedSpanProcessor(exporter, drops, settings.max_queue_size, name)
+            processors.append(processor)
+    if host_tp is None:
+        sampler = LLMTraceSampler(settings.sample_ratio)
+        tracer_provider: Any = TracerProvider(resource=resource_for(settings), sampler=sampler)
+        trace.set_tracer_provider(tracer_provider)
+    else:
+        tracer_provider = host_tp
+        log.info("llmtrace: joining the host application's TracerProvider")
+    for processor in processors:
+        tracer_provider.add_span_processor(processor)
+
+    readers: list[MetricReader] = []
+    meter_provider: Any = host_mp
+    if host_mp is None:
+        metric_exporter = _metric_exporter(settings)
+        if metric_exporter is not None:
+            interval_ms = settings.metrics_interval_s * 1000
+            readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval_ms))
+        meter_provider = MeterProvider(resource=resource_for(settings), metric_readers=readers)
+        metrics.set_meter_provider(meter_provider)
+    return Providers(
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        owns_tracer_provider=host_tp is None,
+        owns_meter_provider=host_mp is None,
+        drops=drops,
+        processors=processors,
+        readers=readers,
+    )
+
+
+def flush(providers: Providers, timeout_s: float) -> bool:
+    ok = True
+    millis = max(1, int(timeout_s * 1000))
+    for processor in providers.processors:
+        ok = processor.force_flush(millis) and ok
+    if providers.owns_meter_provider:
+        ok = bool(providers.meter_provider.force_flush(millis)) and ok
+    return ok
+
+
+def shutdown(providers: Providers, timeout_s: float) -> bool:
+    ok = flush(providers, timeout_s)
+    for processor in providers.processors:
+        processor.shutdown()
+    if providers.owns_meter_provider:
+        providers.meter_provider.shutdown(timeout_millis=max(1, int(timeout_s * 1000)))
+    return ok

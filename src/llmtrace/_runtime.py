@@ -1,0 +1,60 @@
+"""Process-wide llmtrace state: the resolved settings, the tracer and the serving metrics.
+
+Everything below ``instrument()`` reads its configuration from here, so that the
+lifecycle API also works (with defaults, through OTel's global providers) when a
+custom server uses it without calling ``instrument()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+
+from llmtrace._version import __version__
+from llmtrace.config import Settings
+
+if TYPE_CHECKING:
+    from llmtrace._otel import Providers
+    from llmtrace.metrics import ServingMetrics
+
+TRACER_NAME = "llmtrace"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    providers: Providers | None
+    metrics: ServingMetrics | None
+
+
+_DEFAULT = Runtime(settings=Settings(), providers=None, metrics=None)
+_current: Runtime = _DEFAULT
+
+
+def current() -> Runtime:
+    return _current
+
+
+def install(runtime: Runtime) -> None:
+    global _current
+    _current = runtime
+
+
+def reset() -> None:
+    global _current
+    _current = _DEFAULT
+
+
+def settings() -> Settings:
+    return _current.settings
+
+
+def tracer() -> trace.Tracer:
+    provider: Any = _current.providers.tracer_provider if _current.providers else trace.get_tracer_provider()
+    return provider.get_tracer(TRACER_NAME, __version__)  # type: ignore[no-any-return]
+
+
+def serving_metrics() -> ServingMetrics | None:
+    return _current.metrics

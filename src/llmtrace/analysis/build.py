@@ -1,0 +1,184 @@
+"""Spans -> :class:`~llmtrace.analysis.model.TraceSet`: traces, request views, engine views.
+
+Two repairs happen here, once, so that no analyzer has to care:
+
+* **Duplicates** (a trace fetched in two Jaeger windows, a file read twice) are dropped by
+  ``(trace_id, span_id)``.
+* **Clock skew** between processes: a child recorded by another process (a different
+  ``service.name``/host/pid) that does not fit inside its parent is shifted to sit centred in
+  the parent — Jaeger's clock-skew adjuster — and the shift carries over to that child's
+  own same-process descendants. Spans of one process are never moved relative to each other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from llmtrace import semconv as sc
+from llmtrace.analysis.model import (
+    EngineView,
+    RequestView,
+    Span,
+    SpanKind,
+    StepView,
+    Trace,
+    TraceSet,
+    WindowView,
+)
+
+_HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
+_PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
+_VIEW_SPANS = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE))
+
+
+def _domain(span: Span) -> tuple[Any, ...]:
+    r = span.resource
+    return (span.service, r.get("host.name"), r.get("process.pid"))
+
+
+def adjust_clock_skew(spans: list[Span]) -> list[Span]:
+    """Return ``spans`` with cross-process children shifted into their parents (see module doc)."""
+    if len({_domain(s) for s in spans}) <= 1:
+        return spans
+    by_id = {s.span_id: s for s in spans}
+    kids: dict[str, list[Span]] = {}
+    for s in spans:
+        if s.parent_id in by_id:
+            kids.setdefault(s.parent_id, []).append(s)  # type: ignore[arg-type]
+    out: dict[str, Span] = {}
+    roots = [s for s in spans if s.parent_id not in by_id]
+    stack: list[tuple[Span, int]] = [(r, 0) for r in roots]
+    while stack:
+        span, skew = stack.pop()
+        moved = span if skew == 0 else dataclasses.replace(
+            span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew
+        )
+        out[span.span_id] = moved
+        for child in kids.get(span.span_id, ()):
+            delta = skew if _domain(child) == _domain(span) else _skew(child, moved)
+            stack.append((child, delta))
+    return [out.get(s.span_id, s) for s in spans]
+
+
+def _skew(child: Span, parent: Span) -> int:
+    if child.duration_ns > parent.duration_ns:
+        return 0  # cannot fit; leave it for the critical path's clipping
+    if child.start_ns >= parent.start_ns and child.end_ns <= parent.end_ns:
+        return 0
+    latency = (parent.duration_ns - child.duration_ns) // 2
+    return parent.start_ns + latency - child.start_ns
+
+
+def group_traces(spans: Iterable[Span], *, skew: bool = True) -> tuple[list[Trace], int]:
+    """Group spans by trace id, de-duplicate, adjust skew; also return the duplicate count."""
+    groups: dict[str, dict[str, Span]] = {}
+    dupes = 0
+    for s in spans:
+        g = groups.get(s.trace_id)
+        if g is None:
+            groups[s.trace_id] = {s.span_id: s}
+        elif s.span_id in g:
+            dupes += 1
+        else:
+            g[s.span_id] = s
+    traces = []
+    for tid, g in groups.items():
+        members = list(g.values())
+        if skew and len(members) > 1:
+            members = adjust_clock_skew(members)
+        traces.append(Trace.build(tid, members))
+    return traces, dupes
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def build_traceset(spans: Iterable[Span], *, warnings: Iterable[str] = (), skew: bool = True) -> TraceSet:
+    """Build the joined views the analyzers use."""
+    traces, dupes = group_traces(spans, skew=skew)
+    notes = list(warnings)
+    requests: list[RequestView] = []
+    steps: dict[str, list[StepView]] = {}
+    windows: dict[str, list[WindowView]] = {}
+    gcs: dict[str, list[Span]] = {}
+    tokenize: list[Span] = []
+    orphans = 0
+    for trace in traces:
+        orphans += len(trace.orphans)
+        for span in trace.spans:
+            name = span.name
+            if name not in _VIEW_SPANS:
+                continue
+            if name == sc.SPAN_REQUEST:
+                requests.append(_request_view(trace, span))
+            elif name == sc.SPAN_STEP:
+                sv = _step_view(trace, span)
+                steps.setdefault(sv.engine_id, []).append(sv)
+            elif name == sc.SPAN_ENGINE:
+                wv = _window_view(trace, span)
+                windows.setdefault(wv.engine_id, []).append(wv)
+            elif name == sc.SPAN_GC:
+                gcs.setdefault(_engine_of(trace, span), []).append(span)
+            else:
+                tokenize.append(span)
+    if dupes:
+        notes.append(f"dropped {dupes} duplicate span(s)")
+    if orphans:
+        notes.append(f"{orphans} span(s) reference a parent that is not in the data (partial traces)")
+    engines = {}
+    for eid in sorted(set(steps) | set(windows)):
+        st = sorted(steps.get(eid, ()), key=lambda v: v.step.start_ns)
+        win = sorted(windows.get(eid, ()), key=lambda w: w.start_ns)
+        gc = sorted(gcs.get(eid, ()), key=lambda s: s.start_ns)
+        engines[eid] = EngineView(eid, tuple(win), tuple(st), tuple(gc))
+    requests.sort(key=lambda r: r.request.start_ns)
+    tokenize.sort(key=lambda s: s.start_ns)
+    return TraceSet(tuple(traces), tuple(requests), engines, tuple(tokenize), tuple(notes))
+
+
+def _request_view(trace: Trace, span: Span) -> RequestView:
+    parent = trace.by_id.get(span.parent_id) if span.parent_id else None
+    server = parent if parent is not None and parent.kind == SpanKind.SERVER else None
+    phases: dict[str, list[Span]] = {}
+    for child in trace.children_of(span):
+        if child.name in _PHASES:
+            phases.setdefault(child.name, []).append(child)
+    return RequestView(trace, span, server, {k: tuple(v) for k, v in phases.items()})
+
+
+def _engine_of(trace: Trace, span: Span) -> str:
+    eid = span.attributes.get(sc.LLM_ENGINE_ID)
+    seen = 0
+    cur: Span | None = span
+    while eid is None and cur is not None and cur.parent_id and seen < 8:
+        cur = trace.by_id.get(cur.parent_id)
+        eid = cur.attributes.get(sc.LLM_ENGINE_ID) if cur is not None else None
+        seen += 1
+    return str(eid) if eid is not None else (span.service or "engine")
+
+
+def _step_view(trace: Trace, span: Span) -> StepView:
+    forwards, host = [], []
+    for child in trace.children_of(span):
+        if child.name == sc.SPAN_FORWARD:
+            forwards.append(child)
+        elif child.name in _HOST_STEP_CHILDREN:
+            host.append(child)
+    return StepView(
+        span, _engine_of(trace, span), _int(span.attributes.get(sc.LLM_STEP_ID)), tuple(forwards), tuple(host)
+    )
+
+
+def _window_view(trace: Trace, span: Span) -> WindowView:
+    ids = [
+        sid
+        for c in trace.children_of(span)
+        if c.name == sc.SPAN_STEP and (sid := _int(c.attributes.get(sc.LLM_STEP_ID))) is not None
+    ]
+    return WindowView(
+        _engine_of(trace, span), span.start_ns, span.end_ns,
+        min(ids) if ids else None, max(ids) if ids else None, span.span_id,
+    )

@@ -1,0 +1,144 @@
+"""Critical path of a request, and its CRISP-style aggregation across requests.
+
+Per request this is the Jaeger UI's algorithm: start at the root's end, walk back to the
+child that finished last, and recurse into it; when a span has no child finishing before
+the current point, the span itself owns the time back to its start, and the walk returns to
+the parent at that child's start::
+
+    root |0..................................................180|
+    a        |10....40|
+    b                      |45..........120|
+    c                               |80..................170|
+
+    path, latest first: root 170-180, c 80-170, root 40-80 (b ends at 120, after c
+    started, so it is not on the path), a 10-40, root 0-10.
+
+Children are clipped to their parent first (a child outliving its parent — clock skew, an
+un-ended span — only counts inside the parent) and children entirely outside are dropped.
+Links (follows-from) are not children and never extend the path. Two deliberate
+deviations from the Jaeger UI, both documented in docs/analysis.md:
+
+* a child that ends *exactly* when the next one starts is on the path (Jaeger uses ``<``,
+  which would skip every phase of a request, since our phases are contiguous by construction);
+* ``overlap_allowance_ns`` lets a child that overlaps the next one by up to that much
+  still count, cut at the overlap (useful when phases are recorded by different threads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from llmtrace.analysis.model import Span, Trace
+from llmtrace.analysis.stats import pcts
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """``span`` owns the critical path in ``[start_ns, end_ns)``; ``stack`` is the name path."""
+
+    span: Span
+    start_ns: int
+    end_ns: int
+    stack: tuple[str, ...]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
+    out = []
+    for c in trace.children_of(span):
+        s, e = max(c.start_ns, lo), min(c.end_ns, hi)
+        if s < e or (s == e and lo <= c.start_ns <= hi):
+            out.append((s, e, c))
+    out.sort(key=lambda t: (t[1], t[0]), reverse=True)
+    return out
+
+
+def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) -> list[Section]:
+    """Sections of the critical path of ``root``'s subtree, latest first; they tile ``root``."""
+    sections: list[Section] = []
+    # A frame: the span, its clipped interval, its children (clipped, latest end first), a cursor.
+    frames: list[tuple[Span, int, int, list[tuple[int, int, Span]], list[int]]] = [
+        (root, root.start_ns, root.end_ns, _clipped_children(trace, root, root.start_ns, root.end_ns), [0])
+    ]
+    returning = root.end_ns
+    while frames:
+        span, lo, _hi, kids, cursor = frames[-1]
+        end = returning
+        chosen = None
+        i = cursor[0]
+        while i < len(kids):
+            k = kids[i]
+            i += 1
+            if k[1] <= end + overlap_allowance_ns and k[0] < end:
+                chosen = k
+                break
+        cursor[0] = i
+        stack = tuple(f[0].name for f in frames)
+        if chosen is not None:
+            cs, ce, child = chosen
+            cut = min(ce, end)
+            if cut < end:
+                sections.append(Section(span, cut, end, stack))
+            frames.append((child, cs, cut, _clipped_children(trace, child, cs, cut), [0]))
+            returning = cut
+        else:
+            if lo < end:
+                sections.append(Section(span, lo, end, stack))
+            frames.pop()
+            returning = lo
+    return sections
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentStats:
+    """Aggregate of one span name's exclusive critical-path time across requests."""
+
+    name: str
+    total_s: float
+    share: float
+    requests: int
+    p50_s: float
+    p95_s: float
+    p99_s: float
+
+
+def exclusive_by_name(sections: Iterable[Section]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in sections:
+        out[s.span.name] = out.get(s.span.name, 0) + s.duration_ns
+    return out
+
+
+def aggregate(
+    per_request: Sequence[tuple[int, Sequence[Section]]],
+) -> tuple[list[SegmentStats], dict[tuple[str, ...], int]]:
+    """CRISP-style aggregation of ``(latency_ns, sections)`` pairs.
+
+    Returns per-name stats sorted by share (descending) — the share is the name's total
+    critical-path time over the total latency of all requests, so shares sum to 1 — and the
+    folded stacks (name path -> total ns) that the flame view draws. Percentiles are over the
+    requests in which the name is on the critical path.
+    """
+    totals: dict[str, list[int]] = {}
+    folded: dict[tuple[str, ...], int] = {}
+    latency_total = 0
+    for latency, sections in per_request:
+        latency_total += latency
+        for name, ns in exclusive_by_name(sections).items():
+            totals.setdefault(name, []).append(ns)
+        for s in sections:
+            folded[s.stack] = folded.get(s.stack, 0) + s.duration_ns
+    stats = []
+    for name, values in totals.items():
+        total = sum(values)
+        p = pcts([v / 1e9 for v in values], (50, 95, 99))
+        stats.append(
+            SegmentStats(name, total / 1e9, total / latency_total if latency_total else 0.0, len(values),
+                         p["p50"], p["p95"], p["p99"])
+        )
+    stats.sort(key=lambda s: (-s.share, s.name))
+    return stats, folded

@@ -1,0 +1,241 @@
+"""The normalised trace model every analyzer works on.
+
+Sources (OTLP JSON, Jaeger v3, legacy Jaeger JSON) all produce :class:`Span` objects with
+integer-nanosecond times and hex ids; nothing downstream knows which format a span came
+from. Spans are frozen ``__slots__`` dataclasses so a million of them fit in well under a
+gigabyte: ids and names are interned (a trace id is shared by every span of the trace), and
+resource attributes are one shared mapping per exporting process, not a copy per span.
+
+Views join the two halves of the span model (docs/span-model.md):
+
+* :class:`RequestView` — one ``llm.request`` with its phase children and its HTTP parent.
+* :class:`StepView` / :class:`EngineView` — the scheduler timeline of one ``llm.engine.id``.
+
+The join key between a request and the steps that served it is ``llm.step.id`` (the request
+carries ``llm.step.first_id``/``last_id``; each step carries its id) — it survives link
+capping. Span links from ``llm.step`` to ``llm.request`` are used where present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from llmtrace import semconv as sc
+
+AttrValue = Any
+Attributes = Mapping[str, AttrValue]
+EMPTY_ATTRS: Attributes = {}
+
+
+class SpanKind(IntEnum):
+    """OTLP span kinds (the integer values of the OTLP proto enum)."""
+
+    UNSPECIFIED = 0
+    INTERNAL = 1
+    SERVER = 2
+    CLIENT = 3
+    PRODUCER = 4
+    CONSUMER = 5
+
+
+class StatusCode(IntEnum):
+    """OTLP status codes."""
+
+    UNSET = 0
+    OK = 1
+    ERROR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A span link (OTLP link, or a Jaeger ``FOLLOWS_FROM`` reference)."""
+
+    trace_id: str
+    span_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One span, normalised. Times are Unix-epoch nanoseconds; ids are lowercase hex."""
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    kind: SpanKind = SpanKind.INTERNAL
+    status: StatusCode = StatusCode.UNSET
+    attributes: Attributes = field(default_factory=dict)
+    links: tuple[Link, ...] = ()
+    service: str = ""
+    resource: Attributes = EMPTY_ATTRS
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def attr(self, key: str, default: AttrValue = None) -> AttrValue:
+        return self.attributes.get(key, default)
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """All spans sharing one trace id, with the parent/child index built once."""
+
+    trace_id: str
+    spans: tuple[Span, ...]
+    by_id: Mapping[str, Span]
+    children: Mapping[str, tuple[Span, ...]]
+    roots: tuple[Span, ...]
+
+    @classmethod
+    def build(cls, trace_id: str, spans: Iterable[Span]) -> Trace:
+        """Index ``spans``; a span whose parent is absent (an orphan) becomes a root."""
+        ordered = tuple(sorted(spans, key=lambda s: (s.start_ns, s.span_id)))
+        by_id = {s.span_id: s for s in ordered}
+        kids: dict[str, list[Span]] = {}
+        roots = []
+        for s in ordered:
+            if s.parent_id is not None and s.parent_id in by_id and s.parent_id != s.span_id:
+                kids.setdefault(s.parent_id, []).append(s)
+            else:
+                roots.append(s)
+        children = {k: tuple(v) for k, v in kids.items()}
+        return cls(trace_id, ordered, by_id, children, tuple(roots))
+
+    def children_of(self, span: Span) -> tuple[Span, ...]:
+        return self.children.get(span.span_id, ())
+
+    @property
+    def orphans(self) -> tuple[Span, ...]:
+        """Roots that name a parent the trace does not contain (a missing parent)."""
+        return tuple(s for s in self.roots if s.parent_id is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """One request: its ``llm.request`` span, HTTP parent (when present) and phases."""
+
+    trace: Trace
+    request: Span
+    server: Span | None
+    phases: Mapping[str, tuple[Span, ...]]
+
+    @property
+    def root(self) -> Span:
+        """The span whose duration is the request latency seen by the client."""
+        return self.server if self.server is not None else self.request
+
+    def num(self, key: str) -> float | None:
+        value = self.request.attributes.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value)
+
+    @property
+    def request_id(self) -> str:
+        rid = self.request.attributes.get(sc.LLM_REQUEST_ID)
+        return str(rid) if rid is not None else self.request.span_id
+
+    @property
+    def e2e_s(self) -> float:
+        """Client-visible latency: the HTTP span when traced, else ``gen_ai.latency.e2e``."""
+        if self.server is not None:
+            return self.server.duration_ns / 1e9
+        e2e = self.num(sc.GEN_AI_LATENCY_E2E)
+        return e2e if e2e is not None else self.request.duration_ns / 1e9
+
+    @property
+    def ttft_s(self) -> float | None:
+        ttft = self.num(sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
+        if ttft is not None:
+            return ttft
+        prefill = self.phases.get(sc.SPAN_PREFILL)
+        if prefill:
+            return (max(p.end_ns for p in prefill) - self.request.start_ns) / 1e9
+        return None
+
+    @property
+    def input_tokens(self) -> int | None:
+        n = self.num(sc.GEN_AI_USAGE_INPUT_TOKENS)
+        return None if n is None else int(n)
+
+    @property
+    def output_tokens(self) -> int | None:
+        n = self.num(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        return None if n is None else int(n)
+
+    def phase_s(self, name: str) -> float:
+        """Total seconds in the phase ``name`` (summed: ``llm.queue`` recurs after preemption)."""
+        return sum(s.duration_ns for s in self.phases.get(name, ())) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """One scheduler iteration of one engine."""
+
+    step: Span
+    engine_id: str
+    step_id: int | None
+    forwards: tuple[Span, ...]
+    host: tuple[Span, ...]  # llm.schedule / llm.sample / llm.postprocess children
+
+    def num(self, key: str, default: float = 0.0) -> float:
+        value = self.step.attributes.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return default
+        return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowView:
+    """One sampled ``llm.engine`` window (or, without windows, a run of consecutive steps)."""
+
+    engine_id: str
+    start_ns: int
+    end_ns: int
+    first_step_id: int | None
+    last_step_id: int | None
+    span_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """The sampled timeline of one engine: windows, steps (sorted by start), gc pauses."""
+
+    engine_id: str
+    windows: tuple[WindowView, ...]
+    steps: tuple[StepView, ...]
+    gc: tuple[Span, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSet:
+    """Everything one analysis run looks at, plus the joins between requests and steps."""
+
+    traces: tuple[Trace, ...]
+    requests: tuple[RequestView, ...]
+    engines: Mapping[str, EngineView]
+    tokenize: tuple[Span, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def span_count(self) -> int:
+        return sum(len(t.spans) for t in self.traces)
+
+    def steps_of(self, request: RequestView) -> Iterator[StepView]:
+        """Steps that served ``request``: by link, else by the ``llm.step.*_id`` range."""
+        first = request.num(sc.LLM_STEP_FIRST_ID)
+        last = request.num(sc.LLM_STEP_LAST_ID)
+        rid = request.request.span_id
+        for engine in self.engines.values():
+            for st in engine.steps:
+                if any(link.span_id == rid for link in st.step.links):
+                    yield st
+                elif first is not None and last is not None and st.step_id is not None:
+                    if first <= st.step_id <= last:
+                        yield st

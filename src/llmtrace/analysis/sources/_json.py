@@ -1,0 +1,36 @@
+"""JSON decoding: orjson when installed (3-4x faster on OTLP payloads), else the stdlib."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+JSONDecodeError = json.JSONDecodeError
+
+try:  # pragma: no cover - depends on the environment
+    import orjson
+
+    def _orjson_loads(data: bytes | str) -> Any:
+        return orjson.loads(data)
+
+    loads: Callable[[bytes | str], Any] = _orjson_loads
+    DecodeErrors: tuple[type[Exception], ...] = (orjson.JSONDecodeError, json.JSONDecodeError)
+except ImportError:  # pragma: no cover
+    loads = json.loads
+    DecodeErrors = (json.JSONDecodeError,)
+
+
+def error_position(exc: Exception) -> str:
+    """``line:col`` of a decode error, where the decoder reports one."""
+    lineno = getattr(exc, "lineno", None)
+    colno = getattr(exc, "colno", None)
+    if lineno is not None and colno is not None:
+        return f"{lineno}:{colno}"
+    pos = getattr(exc, "pos", None)
+    return f"char {pos}" if pos is not None else "?"
+
+
+def short_message(exc: Exception) -> str:
+    msg = getattr(exc, "msg", None) or str(exc)
+    return msg.split(":", 1)[0] if ": line" in msg else msg

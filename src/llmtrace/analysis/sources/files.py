@@ -1,0 +1,203 @@
+"""Trace files: OTLP JSON lines, a single OTLP/Jaeger JSON document, concatenated JSON
+objects (a saved streamed ``/api/v3/traces`` response), each optionally gzipped.
+
+Format detection reads the first line: if it is a complete JSON object the file is parsed
+line by line (streaming, constant memory beyond the spans themselves — the file exporters
+write one ``ExportTraceServiceRequest`` per line); otherwise the whole file is one document
+or a sequence of concatenated documents. Lines holding metrics or logs (``resourceMetrics``,
+``resourceLogs``: the collector's file exporter may share a file between pipelines) are
+skipped and counted.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import sys
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from llmtrace.analysis.errors import SourceError
+from llmtrace.analysis.model import Span
+from llmtrace.analysis.sources._json import DecodeErrors, error_position, loads, short_message
+from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
+from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
+
+ProgressFn = Callable[[int, int], None]
+_GZIP_MAGIC = b"\x1f\x8b"
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+class ReadStats:
+    """Counters a read leaves behind for warnings (skipped lines, unknown span kinds)."""
+
+    __slots__ = ("documents", "skipped", "spans", "unknown_kinds")
+
+    def __init__(self) -> None:
+        self.documents = 0
+        self.spans = 0
+        self.skipped: dict[str, int] = {}
+        self.unknown_kinds: set[Any] = set()
+
+    def warnings(self, source: str) -> list[str]:
+        out = [f"{source}: skipped {n} {kind} document(s)" for kind, n in sorted(self.skipped.items())]
+        if self.unknown_kinds:
+            kinds = ", ".join(sorted(map(str, self.unknown_kinds)))
+            out.append(f"{source}: unknown span kind(s) {kinds} read as UNSPECIFIED")
+        return out
+
+
+def spans_from_document(
+    doc: Any, *, source: str, position: str, intern: Interner, stats: ReadStats
+) -> Iterator[Span]:
+    """Dispatch one decoded JSON object on its shape (see :func:`document_kind`)."""
+    kind = document_kind(doc)
+    stats.documents += 1
+    if kind == "otlp":
+        yield from spans_from_otlp(doc, source=source, position=position, intern=intern)
+    elif kind == "jaeger_v3":
+        yield from spans_from_otlp(doc["result"], source=source, position=position, intern=intern)
+    elif kind == "jaeger_legacy":
+        yield from spans_from_jaeger_legacy(doc, source=source, position=position, intern=intern)
+    elif kind in ("metrics", "logs"):
+        stats.skipped[kind] = stats.skipped.get(kind, 0) + 1
+    elif kind == "jaeger_error":
+        err = doc["error"]
+        code = err.get("httpCode", err.get("code")) if isinstance(err, dict) else None
+        if code == 404:  # Jaeger's "no traces found" — an empty result, not a failure
+            stats.skipped["empty-result"] = stats.skipped.get("empty-result", 0) + 1
+            return
+        raise SourceError(source, f"Jaeger error response: {err}", position)
+    else:
+        keys = ", ".join(list(doc)[:4]) if isinstance(doc, dict) else type(doc).__name__
+        raise SourceError(
+            source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position
+        )
+
+
+def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
+    """Return (decoded stream, raw stream for progress, raw size)."""
+    if path == "-":
+        raw: BinaryIO = sys.stdin.buffer
+        size = 0
+    else:
+        raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's finally
+        try:
+            import os
+
+            size = os.fstat(raw.fileno()).st_size
+        except OSError:
+            size = 0
+    peek = raw.peek(2)[:2] if isinstance(raw, io.BufferedReader) else b""
+    if peek == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw), raw, size  # type: ignore[return-value]
+    return raw, raw, size
+
+
+def iter_file_spans(
+    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None
+) -> Iterator[Span]:
+    """Stream the spans of a trace file; raise :class:`SourceError` on unreadable input."""
+    stats = stats if stats is not None else ReadStats()
+    intern = Interner()
+    try:
+        stream, raw, size = _open(path)
+    except OSError as exc:
+        raise SourceError(path, exc.strerror or str(exc)) from None
+    lineno = 0
+    try:
+        first = stream.readline()
+        lineno = 1
+        while first and not first.strip():
+            first = stream.readline()
+            lineno += 1
+        if not first.strip():
+            return
+        try:
+            first_doc = loads(first)
+        except DecodeErrors:
+            first_doc = None
+        if isinstance(first_doc, dict):
+            yield from _iter_lines(path, stream, raw, size, first_doc, lineno, intern, stats, progress)
+        else:
+            text = first + stream.read()
+            if progress:
+                progress(size, size)
+            yield from _iter_concatenated(path, text, intern, stats)
+    except _READ_ERRORS as exc:
+        msg = "truncated or corrupt gzip data" if not isinstance(exc, OSError) or "gzip" in str(
+            exc
+        ).lower() or isinstance(exc, gzip.BadGzipFile) else (exc.strerror or str(exc))
+        raise SourceError(path, msg, f"line {lineno}") from None
+    finally:
+        stats.unknown_kinds |= intern.unknown_kinds
+        if raw is not sys.stdin.buffer:
+            raw.close()
+
+
+def _iter_lines(
+    path: str,
+    stream: BinaryIO,
+    raw: BinaryIO,
+    size: int,
+    first_doc: Any,
+    lineno: int,
+    intern: Interner,
+    stats: ReadStats,
+    progress: ProgressFn | None,
+) -> Iterator[Span]:
+    yield from spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
+    tick = 0
+    for line in stream:
+        lineno += 1
+        if not line.strip():
+            continue
+        try:
+            doc = loads(line)
+        except DecodeErrors as exc:
+            if not line.endswith(b"\n"):
+                raise SourceError(path, "truncated line (file cut off mid-write?)", f"line {lineno}") from None
+            col = getattr(exc, "colno", None)
+            pos = f"line {lineno}" + (f", column {col}" if col else "")
+            raise SourceError(path, f"malformed JSON: {short_message(exc)}", pos) from None
+        yield from spans_from_document(doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
+        tick += 1
+        if progress is not None and tick % 64 == 0:
+            progress(raw.tell() if size else 0, size)
+    if progress is not None:
+        progress(size, size)
+
+
+def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStats) -> Iterator[Span]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(path, "not UTF-8 text", f"byte {exc.start}") from None
+    decoder = json.JSONDecoder()
+    pos, n, count = 0, len(text), 0
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            break
+        try:
+            doc, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise SourceError(path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)) from None
+        count += 1
+        position = error_position_text(text, pos)
+        yield from spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)
+        pos = end
+    if count == 0:
+        raise SourceError(path, "no JSON document found", "line 1")
+
+
+def error_position_text(text: str, pos: int) -> str:
+    line = text.count("\n", 0, pos) + 1
+    col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    return f"line {line}, column {col}"
+
+
+__all__ = ["ReadStats", "error_position", "iter_file_spans", "spans_from_document"]

@@ -1,0 +1,198 @@
+"""OTLP/JSON ``ExportTraceServiceRequest`` documents -> :class:`~llmtrace.analysis.model.Span`.
+
+This one decoder serves the embedded file exporter, the collector's ``file`` exporter
+(one request per line), a whole-file OTLP document and Jaeger's ``/api/v3/traces``
+(``{"result": {...}}``). The OTLP/JSON mapping: ids are hex (some older exporters wrote
+base64 — detected by length and decoded), times are decimal strings of Unix nanoseconds,
+enums are integers or their proto names (``SPAN_KIND_SERVER``).
+
+The loop is the analyzer's hot path (docs/analysis.md, "Performance"): attribute values are
+converted with a dict dispatch, and strings that repeat across spans (ids of the same
+trace, span names, attribute keys, service names) are interned through one cache so that a
+million spans share them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from llmtrace.analysis.errors import SourceError
+from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+
+_KIND_NAMES = {
+    "SPAN_KIND_UNSPECIFIED": SpanKind.UNSPECIFIED,
+    "SPAN_KIND_INTERNAL": SpanKind.INTERNAL,
+    "SPAN_KIND_SERVER": SpanKind.SERVER,
+    "SPAN_KIND_CLIENT": SpanKind.CLIENT,
+    "SPAN_KIND_PRODUCER": SpanKind.PRODUCER,
+    "SPAN_KIND_CONSUMER": SpanKind.CONSUMER,
+}
+_KINDS: dict[Any, SpanKind] = {**_KIND_NAMES, **{int(k): k for k in SpanKind}}
+_STATUS: dict[Any, StatusCode] = {
+    "STATUS_CODE_UNSET": StatusCode.UNSET,
+    "STATUS_CODE_OK": StatusCode.OK,
+    "STATUS_CODE_ERROR": StatusCode.ERROR,
+    **{int(c): c for c in StatusCode},
+}
+
+
+def _array(x: Any) -> Any:
+    return tuple(any_value(v) for v in (x or {}).get("values", ()))
+
+
+def _kvlist(x: Any) -> Any:
+    return {kv["key"]: any_value(kv.get("value") or {}) for kv in (x or {}).get("values", ())}
+
+
+def _double(x: Any) -> float:
+    return float(x)  # "NaN" / "Infinity" arrive as strings and float() takes them
+
+
+_CONVERT: dict[str, Callable[[Any], Any]] = {
+    "stringValue": str,
+    "intValue": int,
+    "doubleValue": _double,
+    "boolValue": bool,
+    "arrayValue": _array,
+    "kvlistValue": _kvlist,
+    "bytesValue": str,
+}
+
+
+def any_value(v: Mapping[str, Any]) -> Any:
+    """Convert one OTLP ``AnyValue`` object to a Python value (``None`` when empty)."""
+    for k, x in v.items():
+        conv = _CONVERT.get(k)
+        if conv is not None:
+            return conv(x)
+    return None
+
+
+def _hex_id(raw: Any, nbytes: int) -> str:
+    """Normalise a trace/span id to lowercase hex; accepts hex or (legacy) base64."""
+    if not isinstance(raw, str) or not raw:
+        raise ValueError("empty id")
+    if len(raw) == 2 * nbytes:
+        return raw.lower()
+    try:
+        decoded = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        decoded = b""
+    if len(decoded) == nbytes:
+        return decoded.hex()
+    raise ValueError(f"id {raw!r} is neither {2 * nbytes}-digit hex nor base64")
+
+
+class Interner:
+    """One cache for strings repeated across spans (cheaper than ``sys.intern`` per call)."""
+
+    __slots__ = ("strings", "unknown_kinds")
+
+    def __init__(self) -> None:
+        self.strings: dict[str, str] = {}
+        self.unknown_kinds: set[Any] = set()
+
+    def __call__(self, s: str) -> str:
+        return self.strings.setdefault(s, s)
+
+
+def _attributes(raw: Any, intern: Interner) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if not raw:
+        return out
+    convert = _CONVERT
+    for kv in raw:
+        for k, x in kv["value"].items():
+            conv = convert.get(k)
+            if conv is not None:
+                val = conv(x)
+                out[intern(kv["key"])] = intern(val) if k == "stringValue" and len(val) < 64 else val
+                break
+    return out
+
+
+def _resource(raw: Any, intern: Interner) -> tuple[str, Mapping[str, Any]]:
+    attrs = _attributes((raw or {}).get("attributes"), intern)
+    service = attrs.get("service.name")
+    return intern(str(service)) if service is not None else "", attrs or EMPTY_ATTRS
+
+
+def spans_from_otlp(
+    doc: Mapping[str, Any], *, source: str, position: str, intern: Interner
+) -> Iterator[Span]:
+    """Yield the spans of one ``ExportTraceServiceRequest`` (or ``TracesData``) object.
+
+    A span missing a required field raises :class:`SourceError` naming ``position`` and the
+    JSON path of the span, e.g. ``line 12: resourceSpans[0].scopeSpans[1].spans[4]``.
+    """
+    for ri, rs in enumerate(doc.get("resourceSpans") or ()):
+        service, resource = _resource(rs.get("resource"), intern)
+        scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
+        for si, ss in enumerate(scopes):
+            for pi, sp in enumerate(ss.get("spans") or ()):
+                try:
+                    yield _span(sp, service, resource, intern)
+                except (KeyError, ValueError, TypeError, AttributeError) as exc:
+                    where = f"{position}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
+                    raise SourceError(source, _describe(exc), where) from None
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    return f"bad span: {exc}"
+
+
+def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], intern: Interner) -> Span:
+    parent = sp.get("parentSpanId")
+    raw_kind = sp.get("kind", 1)
+    kind = _KINDS.get(raw_kind)
+    if kind is None:
+        intern.unknown_kinds.add(raw_kind)
+        kind = SpanKind.UNSPECIFIED
+    status = sp.get("status")
+    code = _STATUS.get(status.get("code", 0), StatusCode.UNSET) if status else StatusCode.UNSET
+    links = sp.get("links")
+    start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
+    if end < start:
+        raise ValueError(f"ends {start - end} ns before it starts")
+    return Span(
+        intern(_hex_id(sp["traceId"], 16)),
+        _hex_id(sp["spanId"], 8),
+        _hex_id(parent, 8) if parent else None,
+        intern(sp["name"]),
+        start,
+        end,
+        kind,
+        code,
+        _attributes(sp.get("attributes"), intern),
+        tuple(
+            Link(intern(_hex_id(ln["traceId"], 16)), _hex_id(ln["spanId"], 8)) for ln in links
+        ) if links else (),
+        service,
+        resource,
+    )
+
+
+def document_kind(doc: Any) -> str:
+    """Classify a decoded JSON object: ``otlp``, ``jaeger_v3``, ``jaeger_legacy``, ``metrics``,
+    ``logs``, ``jaeger_error`` or ``unknown``."""
+    if not isinstance(doc, dict):
+        return "unknown"
+    if "resourceSpans" in doc:
+        return "otlp"
+    if "resourceMetrics" in doc:
+        return "metrics"
+    if "resourceLogs" in doc:
+        return "logs"
+    result = doc.get("result")
+    if isinstance(result, dict):
+        return "jaeger_v3"
+    if isinstance(doc.get("data"), list):
+        return "jaeger_legacy"
+    if "error" in doc:
+        return "jaeger_error"
+    return "unknown"

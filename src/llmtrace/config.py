@@ -1,0 +1,273 @@
+"""Every llmtrace option and environment variable, in one module.
+
+Each option of :func:`llmtrace.instrument` has an environment variable named after
+it (option ``exporter`` <-> ``LLMTRACE_EXPORTER``). Precedence, highest first:
+
+1. keyword arguments to ``instrument()``;
+2. ``LLMTRACE_*`` environment variables;
+3. the standard ``OTEL_*`` variables where one applies (``OTEL_SERVICE_NAME``,
+   ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``,
+   ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_TRACES_SAMPLER(_ARG)``);
+   ``OTEL_RESOURCE_ATTRIBUTES`` is merged into the resource by the OTel SDK;
+4. the defaults below.
+
+An unknown option or an invalid value raises :class:`llmtrace.errors.ConfigError`
+naming it and the allowed values. docs/configuration.md is generated from
+:data:`OPTIONS` (``python -m llmtrace.config``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from llmtrace.errors import ConfigError
+
+ENV_PREFIX = "LLMTRACE_"
+PROTOCOLS = ("grpc", "http/protobuf")
+GPU_MODES = ("auto", "on", "off")
+#: Every integration llmtrace knows; each is enabled by default when its library is importable.
+KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "aiohttp", "grpc", "vllm")
+#: Written in the working directory when no endpoint is configured: the embedded default.
+DEFAULT_FILE_PATH = "llmtrace-traces.jsonl"
+
+Protocol = Literal["grpc", "http/protobuf"]
+GpuMode = Literal["auto", "on", "off"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option: its parser, default and the sentence that documents it."""
+
+    name: str
+    parse: Callable[[str, Any], Any]
+    default: Any
+    doc: str
+    otel_env: str | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+def _str(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{name}: expected a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _opt_str(name: str, value: Any) -> str | None:
+    return None if value is None or value == "" else _str(name, value)
+
+
+def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    def parse(name: str, value: Any) -> str:
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: {value!r} is not a boolean (allowed: true, false, 1, 0, yes, no, on, off)")
+
+
+def _number(kind: type, low: float, high: float) -> Callable[[str, Any], Any]:
+    def parse(name: str, value: Any) -> Any:
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: {value!r} is not a {kind.__name__}") from None
+        if not low <= number <= high:
+            raise ConfigError(f"{name}: {value!r} is outside the allowed range [{low}, {high}]")
+        return number
+
+    return parse
+
+
+def _exporter(name: str, value: Any) -> str:
+    text = _str(name, value)
+    if text in ("otlp", "console", "none", "file") or (text.startswith("file:") and len(text) > 5):
+        return text
+    raise ConfigError(f"{name}: {value!r} is not one of otlp, file:PATH, file, console, none")
+
+
+def _integrations(name: str, value: Any) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v) for v in value]
+    items = [v for v in items if v]
+    unknown = [v for v in items if v not in KNOWN_INTEGRATIONS]
+    if unknown:
+        raise ConfigError(f"{name}: unknown integration {unknown[0]!r} (known: {', '.join(KNOWN_INTEGRATIONS)})")
+    return tuple(items)
+
+
+def _headers(name: str, value: Any) -> dict[str, str]:
+    if isinstance(value, Mapping):
+        return {str(k): str(v) for k, v in value.items()}
+    result: dict[str, str] = {}
+    for part in str(value).split(","):
+        if not part.strip():
+            continue
+        key, sep, val = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{name}: {part!r} is not key=value (format: k1=v1,k2=v2)")
+        result[key.strip()] = val.strip()
+    return result
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("service_name", _str, "llm-service", "`service.name` of the resource.", "OTEL_SERVICE_NAME"),
+    Option("endpoint", _opt_str, None,
+           "OTLP endpoint, e.g. `http://collector:4317` (grpc) or `http://collector:4318` (http). "
+           "When unset and no exporter is chosen, spans go to the embedded default file.",
+           "OTEL_EXPORTER_OTLP_ENDPOINT"),
+    Option("protocol", _choice(*PROTOCOLS), "grpc", "OTLP protocol: `grpc` or `http/protobuf`.",
+           "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    Option("headers", _headers, {}, "Headers sent with every OTLP export, `k1=v1,k2=v2`.",
+           "OTEL_EXPORTER_OTLP_HEADERS"),
+    Option("exporter", _exporter, None,
+           "`otlp`, `file:PATH` (OTLP-JSON lines), `file` (the default path), `console` or `none`. "
+           "Default: `otlp` when an endpoint is set, else `file`."),
+    Option("file_path", _str, DEFAULT_FILE_PATH, "Path of the embedded default OTLP-JSON-lines file."),
+    Option("sample_ratio", _number(float, 0.0, 1.0), 1.0,
+           "Share of request traces recorded (parent-based: a sampled caller is always honoured).",
+           "OTEL_TRACES_SAMPLER_ARG"),
+    Option("engine_sample_ratio", _number(float, 0.0, 1.0), 1.0,
+           "Share of engine windows recorded; a sampled window keeps every step in it."),
+    Option("engine_window_s", _number(float, 0.01, 3600.0), 1.0, "Length of one `llm.engine` window, seconds."),
+    Option("engine_window_steps", _number(int, 1, 1_000_000), 256,
+           "Maximum steps in one `llm.engine` window (a window closes at whichever limit comes first)."),
+    Option("max_links", _number(int, 0, 128), 128, "Links from an `llm.step` to the request spans of its batch."),
+    Option("integrations", _integrations, None,
+           f"Comma-separated integrations to enable (default: every available one of {', '.join(KNOWN_INTEGRATIONS)})."),
+    Option("disable", _integrations, (), "Comma-separated integrations to leave off."),
+    Option("capture_content", _bool, False, "Record prompt and completion text (off by default)."),
+    Option("capture_content_max_chars", _number(int, 1, 10_000_000), 2048,
+           "Prompt/completion text is truncated to this many characters."),
+    Option("gpu", _choice(*GPU_MODES), "auto", "GPU sampling: `auto` (when NVML finds a device), `on`, `off`."),
+    Option("gpu_interval_s", _number(float, 0.001, 60.0), 0.1, "NVML sampling period, seconds."),
+    Option("metrics", _bool, True, "Export serving and GPU metrics."),
+    Option("metrics_interval_s", _number(float, 0.1, 3600.0), 10.0, "Metric export period, seconds."),
+    Option("max_queue_size", _number(int, 16, 10_000_000), 8192,
+           "Spans held for export at most; beyond it spans are dropped and counted."),
+    Option("gc_spans", _bool, True, "Emit `llm.gc` spans for garbage-collector pauses in engine windows."),
+    Option("process_role", _str, "api-server", "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
+)
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved configuration; build it with :func:`resolve`."""
+
+    service_name: str = "llm-service"
+    endpoint: str | None = None
+    protocol: str = "grpc"
+    headers: dict[str, str] = field(default_factory=dict)
+    exporter: str = "file"
+    file_path: str = DEFAULT_FILE_PATH
+    sample_ratio: float = 1.0
+    engine_sample_ratio: float = 1.0
+    engine_window_s: float = 1.0
+    engine_window_steps: int = 256
+    max_links: int = 128
+    integrations: tuple[str, ...] | None = None
+    disable: tuple[str, ...] = ()
+    capture_content: bool = False
+    capture_content_max_chars: int = 2048
+    gpu: str = "auto"
+    gpu_interval_s: float = 0.1
+    metrics: bool = True
+    metrics_interval_s: float = 10.0
+    max_queue_size: int = 8192
+    gc_spans: bool = True
+    process_role: str = "api-server"
+
+    def integration_enabled(self, name: str) -> bool:
+        if name in self.disable:
+            return False
+        return self.integrations is None or name in self.integrations
+
+    @property
+    def export_file(self) -> str | None:
+        """The OTLP-JSON-lines path when exporting to a file, else None."""
+        if self.exporter == "file":
+            return self.file_path
+        if self.exporter.startswith("file:"):
+            return self.exporter[5:]
+        return None
+
+
+assert {f.name for f in fields(Settings)} == set(_BY_NAME), "Settings and OPTIONS must list the same names"
+
+
+def _otel_fallback(option: Option, environ: Mapping[str, str]) -> str | None:
+    if option.otel_env is None:
+        return None
+    if option.name == "sample_ratio":
+        return _ratio_from_otel_sampler(environ)
+    return environ.get(option.otel_env) or None
+
+
+def _ratio_from_otel_sampler(environ: Mapping[str, str]) -> str | None:
+    sampler = environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if not sampler:
+        return None
+    if sampler in ("always_on", "parentbased_always_on"):
+        return "1.0"
+    if sampler in ("always_off", "parentbased_always_off"):
+        return "0.0"
+    if sampler in ("traceidratio", "parentbased_traceidratio"):
+        return environ.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+    raise ConfigError(
+        f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of always_on, always_off, traceidratio, "
+        "parentbased_always_on, parentbased_always_off, parentbased_traceidratio"
+    )
+
+
+def resolve(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Merge keyword options, environment and defaults into validated :class:`Settings`."""
+    overrides = dict(overrides or {})
+    environ = os.environ if environ is None else environ
+    unknown = sorted(set(overrides) - set(_BY_NAME))
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r} (allowed: {', '.join(sorted(_BY_NAME))})")
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        if option.name in overrides and overrides[option.name] is not None:
+            values[option.name] = option.parse(option.name, overrides[option.name])
+        elif environ.get(option.env):
+            values[option.name] = option.parse(option.env, environ[option.env])
+        elif (fallback := _otel_fallback(option, environ)) is not None:
+            values[option.name] = option.parse(option.otel_env or option.env, fallback)
+        else:
+            values[option.name] = option.default
+    if values["exporter"] is None:
+        values["exporter"] = "otlp" if values["endpoint"] else "file"
+    return Settings(**values)
+
+
+def markdown_table() -> str:
+    """The configuration table of docs/configuration.md and the README."""
+    rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
+    for option in OPTIONS:
+        env = f"`{option.env}`" + (f" (or `{option.otel_env}`)" if option.otel_env else "")
+        rows.append(f"| `{option.name}` | {env} | `{option.default!r}` | {option.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,29 @@
+"""The exception tree of llmtrace, in one place.
+
+``LLMTraceError``
+    ├── ``ConfigError``      an unknown option or an invalid value (names the option and the allowed values)
+    └── ``SourceError``      a trace source that cannot be read (names the source and the position)
+
+Telemetry never raises into the host application: these are raised only from
+explicit user calls (``instrument()`` with bad options, ``llmtrace analyze``).
+"""
+
+from __future__ import annotations
+
+
+class LLMTraceError(Exception):
+    """Base class of every error llmtrace raises on purpose."""
+
+
+class ConfigError(LLMTraceError, ValueError):
+    """An option or environment variable has an unknown name or an invalid value."""
+
+
+class SourceError(LLMTraceError):
+    """A trace source (file, Jaeger API) cannot be read or parsed."""
+
+    def __init__(self, source: str, message: str, position: str | None = None) -> None:
+        self.source = source
+        self.position = position
+        where = f"{source}:{position}" if position else source
+        super().__init__(f"{where}: {message}")

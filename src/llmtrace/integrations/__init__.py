@@ -1,0 +1,1 @@
+"""One package per patched library; each defines ``INSTRUMENTOR`` (see ``_base.Instrumentor``)."""

@@ -1,0 +1,121 @@
+"""The instrumentor contract every integration follows, and the patch bookkeeping.
+
+An integration is a small class: an argument-free constructor, a ``name``, the
+``trigger`` module whose import activates it, a declared ``supported`` version
+range, and ``_patch()`` / (optionally) ``_unpatch()``. ``instrument()`` and
+``uninstrument()`` are idempotent; :class:`Patches` restores the *identical*
+original objects, so ``uninstrument()`` leaves the library exactly as it was.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import wrapt
+
+from llmtrace._safety import record_error, warn_once
+
+log = logging.getLogger("llmtrace")
+
+_MISSING = object()
+
+
+class Patches:
+    """Wrap attributes with wrapt and remember the originals to put back."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, module: str, path: str, wrapper: Callable[..., Any]) -> bool:
+        """Wrap ``module:path`` (e.g. ``"tokenizers", "Tokenizer.encode"``); False if it is missing."""
+        try:
+            parent, attribute, original = wrapt.resolve_path(module, path)
+        except (AttributeError, ImportError):
+            warn_once(f"missing:{module}:{path}", "llmtrace: %s.%s not found; not tracing it", module, path)
+            return False
+        if isinstance(original, wrapt.ObjectProxy):  # already wrapped (by us or by another tool)
+            if getattr(original, "_self_llmtrace", False):
+                return True
+        raw = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
+        proxy = wrapt.FunctionWrapper(original, wrapper)
+        proxy._self_llmtrace = True
+        setattr(parent, attribute, proxy)
+        self._saved.append((parent, attribute, raw))
+        return True
+
+    def set_attr(self, parent: Any, attribute: str, value: Any) -> None:
+        """Replace an attribute outright (for hooks that are not function wrappers)."""
+        raw = vars(parent).get(attribute, _MISSING)
+        setattr(parent, attribute, value)
+        self._saved.append((parent, attribute, raw))
+
+    def restore(self) -> None:
+        for parent, attribute, raw in reversed(self._saved):
+            try:
+                if raw is _MISSING:
+                    delattr(parent, attribute)
+                else:
+                    setattr(parent, attribute, raw)
+            except (AttributeError, TypeError) as exc:
+                record_error(f"unpatch:{attribute}", exc)
+        self._saved.clear()
+
+
+class Instrumentor:
+    """Base class of every integration."""
+
+    name: ClassVar[str] = ""
+    trigger: ClassVar[str] = ""
+    #: Distribution name and the versions llmtrace is tested with, for ``doctor`` and warnings.
+    distribution: ClassVar[str] = ""
+    supported: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = False
+        self.patches = Patches()
+        self.options: dict[str, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def instrument(self, **options: Any) -> None:
+        with self._lock:
+            if self._active:
+                return
+            self.options = options
+            try:
+                self._patch()
+            except Exception as exc:  # noqa: BLE001 - a failed patch leaves the library untouched
+                self.patches.restore()
+                record_error(f"patch:{self.name}", exc)
+                return
+            self._active = True
+
+    def uninstrument(self) -> None:
+        with self._lock:
+            if not self._active:
+                return
+            try:
+                self._unpatch()
+            finally:
+                self.patches.restore()
+                self._active = False
+
+    def _patch(self) -> None:
+        raise NotImplementedError
+
+    def _unpatch(self) -> None:
+        """Extra clean-up beyond restoring :attr:`patches` (hooks on live objects...)."""
+
+    @classmethod
+    def installed_version(cls) -> str | None:
+        try:
+            return importlib.metadata.version(cls.distribution or cls.trigger)
+        except importlib.metadata.PackageNotFoundError:
+            return None

@@ -1,0 +1,1 @@
+"""The lifecycle core: records on the hot path, spans off it. See :mod:`llmtrace.lifecycle.request`."""

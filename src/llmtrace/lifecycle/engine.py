@@ -1,0 +1,309 @@
+"""The engine timeline: ``llm.engine`` windows of ``llm.step`` spans, built off the hot path.
+
+A custom continuous-batching engine gets the whole engine trace with a few calls::
+
+    engine = llmtrace.EngineTracer("dp0")          # one per scheduler / device group
+    while running:
+        step = engine.begin_step()
+        with step.phase("schedule"):
+            batch = scheduler.schedule()
+        step.batch([r.id for r in batch], prefill_tokens=..., decode_tokens=..., waiting=..., running=...)
+        with step.phase("forward"):
+            logits = model(...)
+        with step.phase("sample"):
+            tokens = sample(logits)
+        step.tokens([r.id for r in batch])             # one output token each
+        engine.end_step(step)
+
+The engine thread only takes timestamps and appends to lists (a few µs a step).
+Steps are grouped in windows (``engine_window_s`` or ``engine_window_steps``,
+whichever comes first). A window is sampled whole (``engine_sample_ratio``) so
+that the gaps between its ``llm.forward`` spans — the GPU idle time — are
+measurable; its spans are created by the span builder when the window closes::
+
+    llm.engine  |=========================== window ===========================|
+    llm.step      |--step 41--|   |--step 42--|  |--step 43--|
+    llm.forward       |-----|         |-----|        |-----|
+                             ^^^^^ GPU idle ^^^^
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+import weakref
+from collections.abc import Iterable
+from types import TracebackType
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Link, SpanKind
+
+from llmtrace import _runtime, semconv
+from llmtrace._safety import guarded
+from llmtrace.lifecycle.builder import BUILDER
+from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
+from llmtrace.lifecycle.request import RequestHandle
+from llmtrace.lifecycle.tracker import RequestTracker
+
+PHASE_NAMES = {
+    "schedule": semconv.SPAN_SCHEDULE,
+    "forward": semconv.SPAN_FORWARD,
+    "sample": semconv.SPAN_SAMPLE,
+    "postprocess": semconv.SPAN_POSTPROCESS,
+}
+#: Request ids listed on ``llm.step`` (``llm.batch.request_ids``); the links carry the rest.
+MAX_BATCH_IDS_ATTR = 64
+
+
+class _PhaseTimer:
+    __slots__ = ("_name", "_start", "_step")
+
+    def __init__(self, step: StepRecord, name: str) -> None:
+        self._step, self._name, self._start = step, name, 0
+
+    def __enter__(self) -> None:
+        self._start = monotonic_ns()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._step.phases.append((self._name, self._start, monotonic_ns()))
+
+
+class StepRecord:
+    """One scheduler iteration: timestamps and batch numbers, nothing else on the hot path."""
+
+    __slots__ = ("attributes", "decode_tokens", "end_ns", "engine", "handles", "kv_cache_usage",
+                 "phases", "preempted", "prefill_tokens", "running", "start_ns", "step_id", "waiting")
+
+    def __init__(self, engine: EngineTracer, step_id: int, start_ns: int) -> None:
+        self.engine = engine
+        self.step_id = step_id
+        self.start_ns = start_ns
+        self.end_ns = start_ns
+        self.phases: list[tuple[str, int, int]] = []
+        self.handles: list[RequestHandle] = []
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
+        self.waiting: int | None = None
+        self.running: int | None = None
+        self.kv_cache_usage: float | None = None
+        self.preempted = 0
+        self.attributes: dict[str, Any] | None = None
+
+    def phase(self, name: str) -> _PhaseTimer:
+        """Time a phase (``schedule``, ``forward``, ``sample``, ``postprocess``) with ``with``."""
+        return _PhaseTimer(self, name)
+
+    def add_phase(self, name: str, start_ns: int, end_ns: int) -> None:
+        """Record a phase measured elsewhere (monotonic ns of this process)."""
+        self.phases.append((name, start_ns, end_ns))
+
+    def batch(self, request_ids: Iterable[str], *, prefill_tokens: int = 0, decode_tokens: int = 0,
+              waiting: int | None = None, running: int | None = None,
+              kv_cache_usage: float | None = None, preempted: int = 0) -> None:
+        """The requests in this step's batch, and the batch's numbers."""
+        tracker = self.engine.tracker
+        for request_id in request_ids:
+            handle = tracker._open.get(request_id)
+            if handle is None:
+                tracker.get(request_id)  # logs the unknown id once
+                continue
+            handle.scheduled(self.step_id, self.start_ns)
+            self.handles.append(handle)
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+        self.waiting, self.running = waiting, running
+        self.kv_cache_usage = kv_cache_usage
+        self.preempted += preempted
+
+    def tokens(self, request_ids: Iterable[str]) -> None:
+        """Each of these requests produced one output token in this step."""
+        self.engine.tracker.tokens(request_ids, monotonic_ns())
+
+    def set(self, key: str, value: Any) -> None:
+        """Any further attribute for the ``llm.step`` span."""
+        if self.attributes is None:
+            self.attributes = {}
+        self.attributes[key] = value
+
+
+class _Window:
+    __slots__ = ("gcs", "sampled", "start_ns", "steps")
+
+    def __init__(self, start_ns: int, sampled: bool) -> None:
+        self.start_ns = start_ns
+        self.sampled = sampled
+        self.steps: list[StepRecord] = []
+        self.gcs: list[tuple[int, int, int, int]] = []
+
+
+_ENGINES: weakref.WeakSet[EngineTracer] = weakref.WeakSet()
+_gc_lock = threading.Lock()
+_gc_installed = False
+_gc_start_ns = 0
+
+
+def _gc_callback(phase: str, info: dict[str, int]) -> None:
+    global _gc_start_ns
+    if phase == "start":
+        _gc_start_ns = monotonic_ns()
+        return
+    end = monotonic_ns()
+    event = (_gc_start_ns, end, info.get("generation", -1), info.get("collected", 0))
+    for engine in list(_ENGINES):
+        window = engine._window
+        if window is not None and window.sampled:
+            window.gcs.append(event)
+
+
+def _install_gc_callback() -> None:
+    global _gc_installed
+    with _gc_lock:
+        if not _gc_installed:
+            gc.callbacks.append(_gc_callback)
+            _gc_installed = True
+
+
+def uninstall_gc_callback() -> None:
+    global _gc_installed
+    with _gc_lock:
+        if _gc_installed and _gc_callback in gc.callbacks:
+            gc.callbacks.remove(_gc_callback)
+        _gc_installed = False
+
+
+class EngineTracer:
+    """The timeline of one engine (one scheduler driving one device group)."""
+
+    def __init__(self, engine_id: str = "engine0", tracker: RequestTracker | None = None) -> None:
+        settings = _runtime.settings()
+        self.engine_id = engine_id
+        self.tracker = tracker if tracker is not None else RequestTracker()
+        self._next_step = 0
+        self._window: _Window | None = None
+        self._window_ns = int(settings.engine_window_s * 1e9)
+        self._window_steps = settings.engine_window_steps
+        self._ratio = settings.engine_sample_ratio
+        self._rng = random.Random()
+        _ENGINES.add(self)
+        if settings.gc_spans:
+            _install_gc_callback()
+
+    def begin_step(self) -> StepRecord:
+        """A scheduler iteration starts now."""
+        now = monotonic_ns()
+        if self._window is None:
+            self._window = _Window(now, self._rng.random() < self._ratio)
+        step = StepRecord(self, self._next_step, now)
+        self._next_step += 1
+        return step
+
+    def end_step(self, step: StepRecord) -> None:
+        """The iteration is over; closes the window when it is full or old enough."""
+        step.end_ns = end = monotonic_ns()
+        window = self._window
+        if window is None:  # end_step without begin_step: keep the step in a fresh window
+            window = self._window = _Window(step.start_ns, self._rng.random() < self._ratio)
+        window.steps.append(step)
+        if len(window.steps) >= self._window_steps or end - window.start_ns >= self._window_ns:
+            self.flush_window()
+
+    def step(self) -> _StepScope:
+        """``with engine.step() as step:`` — begin_step/end_step as a context manager."""
+        return _StepScope(self)
+
+    def flush_window(self) -> None:
+        """Close the current window now (called on shutdown and when a window is full)."""
+        window, self._window = self._window, None
+        if window is None or not window.steps:
+            return
+        BUILDER.submit(lambda: _build_window(self.engine_id, window))
+
+
+class _StepScope:
+    __slots__ = ("_engine", "_step")
+
+    def __init__(self, engine: EngineTracer) -> None:
+        self._engine = engine
+        self._step: StepRecord | None = None
+
+    def __enter__(self) -> StepRecord:
+        self._step = self._engine.begin_step()
+        return self._step
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._step is not None:
+            self._engine.end_step(self._step)
+
+
+def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        semconv.LLM_ENGINE_ID: engine_id,
+        semconv.LLM_STEP_ID: step.step_id,
+        semconv.LLM_BATCH_SIZE: len(step.handles),
+        semconv.LLM_BATCH_PREFILL_TOKENS: step.prefill_tokens,
+        semconv.LLM_BATCH_DECODE_TOKENS: step.decode_tokens,
+        semconv.LLM_PREEMPTED: step.preempted,
+        semconv.LLM_BATCH_REQUEST_IDS: [h.request_id for h in step.handles[:MAX_BATCH_IDS_ATTR]],
+    }
+    for key, value in ((semconv.LLM_QUEUE_WAITING, step.waiting), (semconv.LLM_QUEUE_RUNNING, step.running),
+                       (semconv.LLM_KV_CACHE_USAGE, step.kv_cache_usage)):
+        if value is not None:
+            attrs[key] = value
+    if step.attributes:
+        attrs.update(step.attributes)
+    return attrs
+
+
+def _links(step: StepRecord, limit: int) -> list[Link]:
+    links = []
+    for handle in step.handles[:limit]:
+        ctx = trace.get_current_span(handle.context()).get_span_context()
+        if ctx.is_valid:
+            links.append(Link(ctx, {semconv.LLM_STEP_ID: step.step_id, semconv.LLM_REQUEST_ID: handle.request_id}))
+    return links
+
+
+@guarded("engine.window")
+def _build_window(engine_id: str, window: _Window) -> None:
+    from llmtrace._gpu_hook import span_attributes_for
+
+    metrics = _runtime.serving_metrics()
+    if metrics is not None:
+        metrics.record_window(engine_id, window.steps)
+    if not window.sampled:
+        return
+    tracer = _runtime.tracer()
+    settings = _runtime.settings()
+    start, end = window.steps[0].start_ns, window.steps[-1].end_ns
+    root = tracer.start_span(semconv.SPAN_ENGINE, context=trace.set_span_in_context(trace.INVALID_SPAN),
+                             kind=SpanKind.INTERNAL, start_time=to_wall_ns(start),
+                             attributes={semconv.LLM_ENGINE_ID: engine_id,
+                                         semconv.LLM_ENGINE_WINDOW_STEPS: len(window.steps)})
+    root_ctx = trace.set_span_in_context(root)
+    for step in window.steps:
+        attrs = _step_attributes(engine_id, step)
+        attrs.update(span_attributes_for(step.start_ns, step.end_ns))
+        span = tracer.start_span(semconv.SPAN_STEP, context=root_ctx, start_time=to_wall_ns(step.start_ns),
+                                 attributes=attrs, links=_links(step, settings.max_links))
+        step_ctx = trace.set_span_in_context(span)
+        for name, p_start, p_end in step.phases:
+            phase_attrs: dict[str, Any] = {semconv.LLM_STEP_ID: step.step_id}
+            span_name = PHASE_NAMES.get(name, name)
+            if span_name == semconv.SPAN_FORWARD:
+                phase_attrs[semconv.LLM_ENGINE_ID] = engine_id
+                phase_attrs.update(span_attributes_for(p_start, p_end))
+            child = tracer.start_span(span_name, context=step_ctx, start_time=to_wall_ns(p_start),
+                                      attributes=phase_attrs)
+            child.end(end_time=to_wall_ns(p_end))
+        span.end(end_time=to_wall_ns(step.end_ns))
+    for g_start, g_end, generation, collected in window.gcs:
+        gc_span = tracer.start_span(semconv.SPAN_GC, context=root_ctx, start_time=to_wall_ns(g_start),
+                                    attributes={semconv.LLM_GC_GENERATION: generation,
+                                                semconv.LLM_GC_COLLECTED: collected,
+                                                semconv.LLM_ENGINE_ID: engine_id})
+        gc_span.end(end_time=to_wall_ns(g_end))
+    root.end(end_time=to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end))

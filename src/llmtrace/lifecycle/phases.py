@@ -1,0 +1,173 @@
+"""From a finished request record to its phase intervals, attributes and spans.
+
+Pure functions over :class:`~llmtrace.lifecycle.request.RequestHandle` data,
+run by the span builder off the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode
+
+from llmtrace import semconv
+from llmtrace.config import Settings
+from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.stats import NS, token_timing
+
+if TYPE_CHECKING:
+    from llmtrace.lifecycle.request import RequestHandle
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Monotonic intervals of one request's phases."""
+
+    queues: list[tuple[int, int]]
+    prefill: tuple[int, int] | None
+    decode: tuple[int, int] | None
+    stall_ns: int
+
+
+def compute_phases(rec: RequestHandle) -> Phases:
+    """Queue waits pair each ``queued`` with the next ``scheduled``; prefill runs from the
+    first schedule to the first token; decode from the first token to the last one (or to
+    the end, for a request aborted mid-decode). Waits after the first token are decode stalls."""
+    end = rec.finish_ns if rec.finish_ns is not None else rec.arrival_ns
+    queues: list[tuple[int, int]] = []
+    for i, start in enumerate(rec.queued_ns):
+        stop = rec.scheduled_ns[i] if i < len(rec.scheduled_ns) else end
+        queues.append((start, max(start, stop)))
+    first_sched = rec.scheduled_ns[0] if rec.scheduled_ns else None
+    first_tok = rec.token_ns[0] if rec.token_ns else None
+    prefill = None
+    if first_sched is not None:
+        prefill = (first_sched, first_tok if first_tok is not None else end)
+    decode = None
+    if first_tok is not None and (len(rec.token_ns) > 1 or rec.finish_reason in ("abort", "error")):
+        last = rec.token_ns[-1] if rec.finish_reason not in ("abort", "error") else end
+        decode = (first_tok, max(first_tok, last))
+    stall = sum(b - a for a, b in queues if first_tok is not None and a >= first_tok)
+    return Phases(queues, prefill, decode, stall)
+
+
+def phase_summary(rec: RequestHandle) -> dict[str, Any]:
+    """Durations an engine reports back to the process owning ``llm.request``."""
+    phases = compute_phases(rec)
+    summary: dict[str, Any] = {
+        "queue_s": sum(b - a for a, b in phases.queues) * NS,
+        "preemptions": max(0, len(rec.queued_ns) - 1),
+        "decode_stall_s": phases.stall_ns * NS,
+    }
+    if phases.prefill:
+        summary["prefill_s"] = (phases.prefill[1] - phases.prefill[0]) * NS
+    if phases.decode:
+        summary["decode_s"] = (phases.decode[1] - phases.decode[0]) * NS
+    if rec.steps:
+        summary["first_step"], summary["last_step"] = rec.steps[0], rec.steps[-1]
+        first_tok = rec.token_ns[0] if rec.token_ns else None
+        summary["decode_steps"] = max(0, len(rec.steps) - 1) if first_tok is not None else 0
+    return summary
+
+
+def _latency_attributes(rec: RequestHandle, phases: Phases) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    end = rec.finish_ns or rec.arrival_ns
+    attrs[semconv.GEN_AI_LATENCY_E2E] = (end - rec.arrival_ns) * NS
+    timing = token_timing(rec.arrival_ns, rec.token_ns)
+    pairs = ((semconv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN, timing.ttft_s), (semconv.LLM_TTFT_S, timing.ttft_s),
+             (semconv.LLM_TPOT_S, timing.tpot_s), (semconv.LLM_ITL_MEAN_S, timing.itl_mean_s),
+             (semconv.LLM_ITL_P50_S, timing.itl_p50_s), (semconv.LLM_ITL_P99_S, timing.itl_p99_s),
+             (semconv.LLM_ITL_MAX_S, timing.itl_max_s))
+    attrs.update({k: v for k, v in pairs if v is not None})
+    summary = rec.summary_in or (phase_summary(rec) if rec.queued_ns or rec.scheduled_ns else {})
+    for key, attr in (("queue_s", semconv.GEN_AI_LATENCY_TIME_IN_QUEUE),
+                      ("prefill_s", semconv.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL),
+                      ("decode_s", semconv.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE),
+                      ("preemptions", semconv.LLM_PREEMPTIONS),
+                      ("decode_stall_s", semconv.LLM_DECODE_STALL_S),
+                      ("decode_steps", semconv.LLM_DECODE_STEPS),
+                      ("first_step", semconv.LLM_STEP_FIRST_ID),
+                      ("last_step", semconv.LLM_STEP_LAST_ID),
+                      ("energy_j", semconv.LLM_ENERGY_J)):
+        if key in summary:
+            attrs[attr] = summary[key]
+    return attrs
+
+
+def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -> dict[str, Any]:
+    attrs = _latency_attributes(rec, phases)
+    if rec.prompt_tokens is not None:
+        attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = rec.prompt_tokens
+    attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = rec.output_tokens
+    attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish_reason or semconv.FINISH_STOP]
+    attrs[semconv.LLM_REQUEST_FINISH_REASON] = rec.finish_reason or semconv.FINISH_STOP
+    if rec.detokenize_ns:
+        attrs[semconv.LLM_DETOKENIZE_TOTAL_S] = rec.detokenize_ns * NS
+    if settings.capture_content:
+        limit = settings.capture_content_max_chars
+        if rec.prompt is not None:
+            attrs[semconv.GEN_AI_PROMPT] = rec.prompt[:limit]
+        if rec.completion is not None:
+            attrs[semconv.GEN_AI_COMPLETION] = rec.completion[:limit]
+    return attrs
+
+
+def _child(tracer: trace.Tracer, parent: Any, name: str, start: int, end: int,
+           attributes: dict[str, Any] | None = None) -> None:
+    span = tracer.start_span(name, context=parent, start_time=to_wall_ns(start), attributes=attributes)
+    span.end(end_time=to_wall_ns(max(start, end)))
+
+
+def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
+    from llmtrace._gpu_hook import span_attributes_for
+
+    return span_attributes_for(rec.arrival_ns, rec.finish_ns or rec.arrival_ns)
+
+
+def _in_process_phases(rec: RequestHandle) -> Phases:
+    """Phases of a request nobody scheduled explicitly (a handler that streams tokens itself):
+    prefill runs from the end of tokenization (or arrival) to the first token."""
+    phases = compute_phases(rec)
+    if phases.prefill is None and rec.token_ns:
+        start = rec.tokenize[-1][1] if rec.tokenize else rec.arrival_ns
+        phases = Phases(phases.queues, (min(start, rec.token_ns[0]), rec.token_ns[0]), phases.decode,
+                        phases.stall_ns)
+    return phases
+
+
+def build_request_spans(rec: RequestHandle, tracer: trace.Tracer, settings: Settings) -> None:
+    """Create the phase spans (and finish ``llm.request`` when this process owns it).
+
+    When an engine in another process reported a summary, it has already put
+    queue/prefill/decode in this trace; this side adds only its own spans.
+    """
+    phases = _in_process_phases(rec)
+    parent = rec.context()
+    for start, end, tokens in rec.tokenize:
+        _child(tracer, parent, semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
+    if rec.summary_in is not None:
+        phases = Phases([], None, None, 0)
+    for index, (start, end) in enumerate(phases.queues):
+        _child(tracer, parent, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
+    if phases.prefill:
+        prefill_attrs = {semconv.GEN_AI_USAGE_INPUT_TOKENS: rec.prompt_tokens} if rec.prompt_tokens else None
+        _child(tracer, parent, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
+    if phases.decode:
+        _child(tracer, parent, semconv.SPAN_DECODE, *phases.decode,
+               {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: rec.output_tokens})
+    span: Span | None = rec.span
+    if span is None or not rec.owns_span:
+        return
+    span.set_attributes(request_attributes(rec, phases, settings))
+    span.set_attributes(_gpu_attributes(rec))
+    if rec.finish_reason == semconv.FINISH_ERROR or rec.error is not None:
+        error = rec.error
+        span.set_status(Status(StatusCode.ERROR, type(error).__name__ if error else "error"))
+        if error is not None:
+            span.record_exception(error)
+    elif rec.finish_reason == semconv.FINISH_ABORT:
+        span.set_status(Status(StatusCode.ERROR, "aborted"))
+    span.end(end_time=to_wall_ns(rec.finish_ns or rec.arrival_ns))

@@ -1,0 +1,301 @@
+"""The request lifecycle API: one engine-agnostic record per request.
+
+Every adapter — the FastAPI handler, transformers ``generate()``, the reference
+engine, vLLM — reports the same events through this module::
+
+    arrived -> tokenized -> queued -> scheduled (in a step) -> token ... token
+            -> [preempted -> queued -> scheduled ...] -> finished | aborted
+
+The hot path only appends ``monotonic_ns()`` readings to lists. When the
+request ends, the record is handed to the span builder, which computes TTFT,
+TPOT and inter-token statistics and creates the phase spans with explicit
+start/end times::
+
+    llm.request  |--------------------------------------------------------|
+    llm.tokenize |--|
+    llm.queue       |-------|            |----|        (again after a preemption)
+    llm.prefill             |-----|
+    llm.decode                    |------------------------------------|
+
+A request may be split across processes: the API server owns ``llm.request``
+and the engine, given the request's W3C carrier, adds queue/prefill/decode to
+the same trace (``owns_span=False``) and reports a :meth:`RequestHandle.summary`
+back for the server to put on ``llm.request``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from llmtrace import _runtime, semconv
+from llmtrace._safety import guarded
+from llmtrace.lifecycle.builder import BUILDER
+from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
+from llmtrace.lifecycle.phases import build_request_spans
+from llmtrace.lifecycle.propagation import extract
+
+log = logging.getLogger("llmtrace")
+
+_current_request: contextvars.ContextVar[RequestHandle | None] = contextvars.ContextVar(
+    "llmtrace_current_request", default=None
+)
+
+
+class RequestHandle:
+    """The record of one request; its methods are the lifecycle events.
+
+    Every method is safe to call in any order and more than once; after
+    :meth:`finished` or :meth:`aborted` further events are ignored.
+    """
+
+    __slots__ = (
+        "_token",
+        "arrival_ns",
+        "attributes",
+        "completion",
+        "detokenize_ns",
+        "error",
+        "finish_ns",
+        "finish_reason",
+        "output_tokens",
+        "owns_span",
+        "parent_context",
+        "prompt",
+        "prompt_tokens",
+        "queued_ns",
+        "recording",
+        "request_id",
+        "scheduled_ns",
+        "span",
+        "steps",
+        "summary_in",
+        "token_ns",
+        "tokenize",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        *,
+        arrival_ns: int,
+        span: Span | None,
+        parent_context: otel_context.Context | None,
+        owns_span: bool,
+        recording: bool,
+        attributes: dict[str, Any],
+        prompt_tokens: int | None,
+        prompt: str | None,
+    ) -> None:
+        self.request_id = request_id
+        self.arrival_ns = arrival_ns
+        self.span = span
+        self.parent_context = parent_context
+        self.owns_span = owns_span
+        self.recording = recording
+        self.attributes = attributes
+        self.prompt_tokens = prompt_tokens
+        self.prompt = prompt
+        self.tokenize: list[tuple[int, int, int]] = []
+        self.queued_ns: list[int] = []
+        self.scheduled_ns: list[int] = []
+        self.steps: list[int] = []
+        self.token_ns: list[int] = []
+        self.output_tokens = 0
+        self.detokenize_ns = 0
+        self.finish_ns: int | None = None
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self.completion: str | None = None
+        self.summary_in: dict[str, Any] | None = None
+        self._token: contextvars.Token[RequestHandle | None] | None = None
+
+    # ----------------------------------------------------------------- hot path events
+    def tokenized(self, n_tokens: int, start_ns: int | None = None, end_ns: int | None = None) -> None:
+        """The prompt was encoded into *n_tokens* (times default to now, as a zero-length span)."""
+        end = monotonic_ns() if end_ns is None else end_ns
+        self.tokenize.append((end if start_ns is None else start_ns, end, n_tokens))
+        if self.prompt_tokens is None:
+            self.prompt_tokens = n_tokens
+
+    def queued(self, at_ns: int | None = None) -> None:
+        """The request entered the scheduler's waiting queue."""
+        if self.finish_ns is None and len(self.queued_ns) <= len(self.scheduled_ns):
+            self.queued_ns.append(monotonic_ns() if at_ns is None else at_ns)
+
+    def scheduled(self, step_id: int | None = None, at_ns: int | None = None) -> None:
+        """The request is in the running batch (call once per step it is in, or once)."""
+        if self.finish_ns is not None:
+            return
+        if len(self.scheduled_ns) < max(1, len(self.queued_ns)):
+            self.scheduled_ns.append(monotonic_ns() if at_ns is None else at_ns)
+        if step_id is not None:
+            self.steps.append(step_id)
+
+    def token(self, n: int = 1, at_ns: int | None = None) -> None:
+        """*n* output tokens appeared (one timestamp per call: a streamed chunk is one event)."""
+        if self.finish_ns is None:
+            self.token_ns.append(monotonic_ns() if at_ns is None else at_ns)
+            self.output_tokens += n
+
+    def preempted(self, at_ns: int | None = None) -> None:
+        """The request left the running batch and waits again (its KV cache was freed)."""
+        if self.finish_ns is None and len(self.scheduled_ns) >= len(self.queued_ns):
+            self.queued_ns.append(monotonic_ns() if at_ns is None else at_ns)
+
+    def detokenized(self, duration_ns: int) -> None:
+        """Time spent turning output tokens into text (incremental or final)."""
+        self.detokenize_ns += duration_ns
+
+    # ----------------------------------------------------------------- endings
+    def finished(self, reason: str = semconv.FINISH_STOP, output_tokens: int | None = None,
+                 completion: str | None = None, at_ns: int | None = None) -> None:
+        """The request completed normally (*reason*: stop, length, ...)."""
+        self._end(reason, None, output_tokens, completion, at_ns)
+
+    def aborted(self, error: BaseException | None = None, reason: str | None = None,
+                at_ns: int | None = None) -> None:
+        """The request ended early: client disconnect (``abort``) or an exception (``error``)."""
+        if reason is None:
+            reason = semconv.FINISH_ERROR if error is not None else semconv.FINISH_ABORT
+        self._end(reason, error, None, None, at_ns)
+
+    @guarded("request.end")
+    def _end(self, reason: str, error: BaseException | None, output_tokens: int | None,
+             completion: str | None, at_ns: int | None) -> None:
+        if self.finish_ns is not None:
+            return
+        self.finish_ns = monotonic_ns() if at_ns is None else at_ns
+        self.finish_reason = reason
+        self.error = error
+        if output_tokens is not None:
+            self.output_tokens = output_tokens
+        self.completion = completion
+        BUILDER.submit(self._materialise)
+
+    def _materialise(self) -> None:
+        metrics = _runtime.serving_metrics()
+        if metrics is not None and self.owns_span:
+            metrics.record_request(self)
+        if self.recording:
+            build_request_spans(self, _runtime.tracer(), _runtime.settings())
+
+    # ----------------------------------------------------------------- cross-process
+    def engine_summary(self, summary: Mapping[str, Any]) -> None:
+        """Attach phase timings measured by an engine in another process (see :meth:`summary`)."""
+        self.summary_in = dict(summary)
+
+    def summary(self) -> dict[str, Any]:
+        """Durations (never timestamps) an engine sends back to the server that owns ``llm.request``."""
+        from llmtrace.lifecycle.phases import phase_summary
+
+        return phase_summary(self)
+
+    # ----------------------------------------------------------------- scope
+    def context(self) -> otel_context.Context:
+        """The OTel context in which this request's child spans belong."""
+        if self.span is not None:
+            return trace.set_span_in_context(self.span, self.parent_context)
+        return self.parent_context or otel_context.get_current()
+
+    def carrier(self) -> dict[str, str]:
+        """W3C ``traceparent``/``tracestate`` of the request span, for another process."""
+        from llmtrace.lifecycle.propagation import inject
+
+        return inject(self.context())
+
+    @contextmanager
+    def activate(self) -> Iterator[RequestHandle]:
+        """Make this the current request (and its span the current span) in this context."""
+        token = _current_request.set(self)
+        ctx_token = otel_context.attach(self.context())
+        try:
+            yield self
+        finally:
+            otel_context.detach(ctx_token)
+            _current_request.reset(token)
+
+    def __enter__(self) -> RequestHandle:
+        self._token = _current_request.set(self)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self._token is not None:
+            _current_request.reset(self._token)
+            self._token = None
+        if exc is not None:
+            self.aborted(exc if not isinstance(exc, GeneratorExit) else None)
+        else:
+            self.finished()
+
+
+def current_request() -> RequestHandle | None:
+    """The request whose scope this code runs in, if any (contextvars: survives asyncio tasks)."""
+    return _current_request.get()
+
+
+def _request_attributes(model: str | None, max_tokens: int | None, temperature: float | None,
+                        top_p: float | None, operation: str, stream: bool | None,
+                        request_id: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
+    attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: operation, semconv.LLM_REQUEST_ID: request_id,
+                             semconv.GEN_AI_RESPONSE_ID: request_id}
+    for key, value in ((semconv.GEN_AI_REQUEST_MODEL, model), (semconv.GEN_AI_REQUEST_MAX_TOKENS, max_tokens),
+                       (semconv.GEN_AI_REQUEST_TEMPERATURE, temperature), (semconv.GEN_AI_REQUEST_TOP_P, top_p),
+                       (semconv.LLM_STREAM, stream)):
+        if value is not None:
+            attrs[key] = value
+    if extra:
+        attrs.update(extra)
+    return attrs
+
+
+def start_request(
+    request_id: str | None = None,
+    *,
+    model: str | None = None,
+    prompt_tokens: int | None = None,
+    max_tokens: int | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    stream: bool | None = None,
+    operation: str = "text_completion",
+    carrier: Mapping[str, str] | None = None,
+    owns_span: bool = True,
+    prompt: str | None = None,
+    attributes: Mapping[str, Any] | None = None,
+    arrival_ns: int | None = None,
+) -> RequestHandle:
+    """A request arrived: open its record (and its ``llm.request`` span when *owns_span*).
+
+    The span is a child of *carrier*'s context when given (another process's
+    ``llm.request``), else of the current span (e.g. the SERVER span of the
+    network handler) — never a sibling of it.
+    """
+    rid = request_id or uuid.uuid4().hex
+    arrival = monotonic_ns() if arrival_ns is None else arrival_ns
+    parent = extract(carrier) if carrier else otel_context.get_current()
+    settings = _runtime.settings()
+    attrs = _request_attributes(model, max_tokens, temperature, top_p, operation, stream, rid, attributes)
+    text = prompt if settings.capture_content else None
+    span: Span | None = None
+    if owns_span:
+        span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
+                                            start_time=to_wall_ns(arrival), attributes=attrs)
+        recording = span.is_recording()
+    else:
+        recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
+    return RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
+                         recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text)
+
+
+def mark_error(span: Span, error: BaseException) -> None:
+    span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+    span.record_exception(error)

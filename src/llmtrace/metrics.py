@@ -1,0 +1,99 @@
+"""Serving metrics: GenAI server histograms plus llmtrace's queue, batch and GPU-idle numbers.
+
+Recorded by the span builder thread (never on the hot path), from the same
+records that become spans, so metrics and traces always agree.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+from llmtrace import semconv
+from llmtrace.lifecycle.phases import compute_phases
+from llmtrace.lifecycle.stats import NS, token_timing
+
+if TYPE_CHECKING:
+    from llmtrace._export import DropCounter
+    from llmtrace.lifecycle.engine import StepRecord
+    from llmtrace.lifecycle.request import RequestHandle
+
+
+def _histogram(meter: Meter, name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Any:
+    try:
+        return meter.create_histogram(name, unit=unit, description=description,
+                                      explicit_bucket_boundaries_advisory=list(buckets))
+    except TypeError:  # an OTel API older than the bucket advice
+        return meter.create_histogram(name, unit=unit, description=description)
+
+
+class ServingMetrics:
+    """The instruments of one process; one instance per ``instrument()``."""
+
+    def __init__(self, meter: Meter, drops: DropCounter | None = None) -> None:
+        self._ttft = _histogram(meter, semconv.METRIC_TTFT, "s", "Time to first token", semconv.TTFT_BUCKETS)
+        self._tpot = _histogram(meter, semconv.METRIC_TPOT, "s", "Time per output token", semconv.TPOT_BUCKETS)
+        self._duration = _histogram(meter, semconv.METRIC_REQUEST_DURATION, "s", "Request duration",
+                                    semconv.REQUEST_DURATION_BUCKETS)
+        self._tokens = _histogram(meter, semconv.METRIC_TOKEN_USAGE, "{token}", "Tokens per request",
+                                  semconv.TOKEN_USAGE_BUCKETS)
+        self._queue = _histogram(meter, semconv.METRIC_QUEUE_TIME, "s", "Time waiting for the scheduler",
+                                 semconv.REQUEST_DURATION_BUCKETS)
+        self._batch = _histogram(meter, semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
+                                 (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self._errors = meter.create_counter(semconv.METRIC_INSTRUMENTATION_ERRORS, unit="{error}",
+                                            description="Internal llmtrace errors (swallowed)")
+        self._drops = drops
+        self._idle_lock = threading.Lock()
+        self._idle: dict[str, float] = {}
+        meter.create_observable_gauge(semconv.METRIC_GPU_IDLE_RATIO, [self._observe_idle], unit="1",
+                                      description="Share of the last engine window with no forward pass running")
+        meter.create_observable_counter(semconv.METRIC_DROPPED_SPANS, [self._observe_drops], unit="{span}",
+                                        description="Spans dropped by the export path")
+
+    def record_error(self, site: str) -> None:
+        self._errors.add(1, {"site": site})
+
+    def record_request(self, rec: RequestHandle) -> None:
+        attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: rec.attributes.get(semconv.GEN_AI_OPERATION_NAME,
+                                                                                  "text_completion")}
+        if (model := rec.attributes.get(semconv.GEN_AI_REQUEST_MODEL)) is not None:
+            attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+        timing = token_timing(rec.arrival_ns, rec.token_ns)
+        if timing.ttft_s is not None:
+            self._ttft.record(timing.ttft_s, attrs)
+        if timing.tpot_s is not None:
+            self._tpot.record(timing.tpot_s, attrs)
+        end = rec.finish_ns or rec.arrival_ns
+        self._duration.record((end - rec.arrival_ns) * NS, {**attrs, "finish_reason": rec.finish_reason or ""})
+        if rec.prompt_tokens is not None:
+            self._tokens.record(rec.prompt_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: "input"})
+        self._tokens.record(rec.output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: "output"})
+        queue_s = rec.summary_in.get("queue_s") if rec.summary_in else None
+        if queue_s is None and rec.queued_ns:
+            queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
+        if queue_s is not None:
+            self._queue.record(queue_s, attrs)
+
+    def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
+        attrs = {semconv.LLM_ENGINE_ID: engine_id}
+        busy = 0
+        for step in steps:
+            self._batch.record(len(step.handles), attrs)
+            busy += sum(end - start for name, start, end in step.phases if name == "forward")
+        span = steps[-1].end_ns - steps[0].start_ns
+        if span > 0 and any(name == "forward" for s in steps for name, _, _ in s.phases):
+            with self._idle_lock:
+                self._idle[engine_id] = max(0.0, 1.0 - busy / span)
+
+    def _observe_idle(self, options: CallbackOptions) -> list[Observation]:
+        with self._idle_lock:
+            return [Observation(ratio, {semconv.LLM_ENGINE_ID: eid}) for eid, ratio in self._idle.items()]
+
+    def _observe_drops(self, options: CallbackOptions) -> list[Observation]:
+        from llmtrace.lifecycle.builder import BUILDER
+
+        dropped = (self._drops.dropped if self._drops else 0) + BUILDER.dropped
+        return [Observation(dropped)]
