@@ -69,5 +69,7 @@ def phase_breakdown(per_request: Sequence[dict[str, float]], e2e: Sequence[float
             continue
         q = pcts(values, (50, 90, 99))
         s = sum(values)
-        out.append(PhaseStats(phase, s / len(values), q["p50"], q["p90"], q["p99"], s / total if total else 0.0))
+        out.append(
+            PhaseStats(phase, s / len(values), q["p50"], q["p90"], q["p99"], s / total if total else 0.0)
+        )
     return out

@@ -52,8 +52,10 @@ def adjust_clock_skew(spans: list[Span]) -> list[Span]:
     stack: list[tuple[Span, int]] = [(r, 0) for r in roots]
     while stack:
         span, skew = stack.pop()
-        moved = span if skew == 0 else dataclasses.replace(
-            span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew
+        moved = (
+            span
+            if skew == 0
+            else dataclasses.replace(span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew)
         )
         out[span.span_id] = moved
         for child in kids.get(span.span_id, ()):
@@ -179,6 +181,10 @@ def _window_view(trace: Trace, span: Span) -> WindowView:
         if c.name == sc.SPAN_STEP and (sid := _int(c.attributes.get(sc.LLM_STEP_ID))) is not None
     ]
     return WindowView(
-        _engine_of(trace, span), span.start_ns, span.end_ns,
-        min(ids) if ids else None, max(ids) if ids else None, span.span_id,
+        _engine_of(trace, span),
+        span.start_ns,
+        span.end_ns,
+        min(ids) if ids else None,
+        max(ids) if ids else None,
+        span.span_id,
     )

@@ -137,8 +137,15 @@ def aggregate(
         total = sum(values)
         p = pcts([v / 1e9 for v in values], (50, 95, 99))
         stats.append(
-            SegmentStats(name, total / 1e9, total / latency_total if latency_total else 0.0, len(values),
-                         p["p50"], p["p95"], p["p99"])
+            SegmentStats(
+                name,
+                total / 1e9,
+                total / latency_total if latency_total else 0.0,
+                len(values),
+                p["p50"],
+                p["p95"],
+                p["p99"],
+            )
         )
     stats.sort(key=lambda s: (-s.share, s.name))
     return stats, folded

@@ -29,7 +29,11 @@ from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, Win
 from llmtrace.analysis.stats import pcts
 
 CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
-_STEP_HOST_CAUSE = {sc.SPAN_SCHEDULE: "schedule", sc.SPAN_POSTPROCESS: "postprocess", sc.SPAN_SAMPLE: "sample"}
+_STEP_HOST_CAUSE = {
+    sc.SPAN_SCHEDULE: "schedule",
+    sc.SPAN_POSTPROCESS: "postprocess",
+    sc.SPAN_SAMPLE: "sample",
+}
 #: How many of the largest gaps a result keeps for the reports (the totals count all gaps).
 TOP_GAPS = 20
 
@@ -68,6 +72,7 @@ class EngineIdle:
     top_gaps: tuple[Gap, ...]
     segments: tuple[Interval, ...]
     steps: int
+    gaps: tuple[Gap, ...]  # every gap, by start time (per-window diagnosis, the timeline)
 
     @property
     def idle_ns(self) -> int:
@@ -89,8 +94,8 @@ def segments(engine: EngineView) -> list[Interval]:
     out: list[Interval] = []
     prev: StepView | None = None
     for st in engine.steps:
-        contiguous = (
-            prev is not None and (st.step_id is None or prev.step_id is None or st.step_id == prev.step_id + 1)
+        contiguous = prev is not None and (
+            st.step_id is None or prev.step_id is None or st.step_id == prev.step_id + 1
         )
         if contiguous and out:
             out[-1] = (out[-1][0], max(out[-1][1], st.step.end_ns))
@@ -164,8 +169,11 @@ def _classify(engine_id: str, a: int, b: int, covers: list[tuple[str, Cover]], w
 
 
 def iter_gaps(
-    engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span],
-    lo: int | None = None, hi: int | None = None,
+    engine: EngineView,
+    requests: Sequence[RequestView],
+    tokenize: Sequence[Span],
+    lo: int | None = None,
+    hi: int | None = None,
 ) -> Iterable[tuple[Interval, list[Gap]]]:
     """Per analysed segment (clipped to ``[lo, hi)`` when given): its classified gaps."""
     busy = merge((f.start_ns, f.end_ns) for st in engine.steps for f in st.forwards)
@@ -196,6 +204,16 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     q = pcts([g.duration_ns for g in found], (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
     top = tuple(sorted(found, key=lambda g: (-g.duration_ns, g.start_ns))[:TOP_GAPS])
     return EngineIdle(
-        engine.engine_id, covered, covered - idle, len(found), by_cause, with_work, q["p50"], q["p99"], top,
-        tuple(segs), len(engine.steps),
+        engine.engine_id,
+        covered,
+        covered - idle,
+        len(found),
+        by_cause,
+        with_work,
+        q["p50"],
+        q["p99"],
+        top,
+        tuple(segs),
+        len(engine.steps),
+        tuple(found),
     )

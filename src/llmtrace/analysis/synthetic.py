@@ -81,12 +81,24 @@ class _Ids:
         return f"{self.rng.getrandbits(64):016x}"
 
 
-def _span(trace_id: str, span_id: str, parent: str | None, name: str, start: int, end: int,
-          attrs: dict[str, Any] | None = None, kind: int = 1, links: list[tuple[str, str]] | None = None
-          ) -> dict[str, Any]:
+def _span(
+    trace_id: str,
+    span_id: str,
+    parent: str | None,
+    name: str,
+    start: int,
+    end: int,
+    attrs: dict[str, Any] | None = None,
+    kind: int = 1,
+    links: list[tuple[str, str]] | None = None,
+) -> dict[str, Any]:
     sp: dict[str, Any] = {
-        "traceId": trace_id, "spanId": span_id, "name": name, "kind": kind,
-        "startTimeUnixNano": str(start), "endTimeUnixNano": str(end),
+        "traceId": trace_id,
+        "spanId": span_id,
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str(start),
+        "endTimeUnixNano": str(end),
     }
     if parent:
         sp["parentSpanId"] = parent
@@ -98,10 +110,14 @@ def _span(trace_id: str, span_id: str, parent: str | None, name: str, start: int
 
 
 def _doc(service: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"resourceSpans": [{
-        "resource": {"attributes": _attrs({"service.name": service})},
-        "scopeSpans": [{"scope": {"name": "llmtrace"}, "spans": spans}],
-    }]}
+    return {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _attrs({"service.name": service})},
+                "scopeSpans": [{"scope": {"name": "llmtrace"}, "spans": spans}],
+            }
+        ]
+    }
 
 
 def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
@@ -157,14 +173,34 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
         batch = new + decode
         step_span = ids.span()
         links = [(r.trace_id, r.span_ids.setdefault("request", ids.span())) for r in batch]
-        window.append(_span(win_trace, step_span, win_span, sc.SPAN_STEP, now, post_end, {
-            sc.LLM_ENGINE_ID: cfg.engine_id, sc.LLM_STEP_ID: step_id, sc.LLM_BATCH_SIZE: len(batch),
-            sc.LLM_BATCH_PREFILL_TOKENS: prefill_tokens, sc.LLM_BATCH_DECODE_TOKENS: len(decode),
-            sc.LLM_QUEUE_WAITING: len(waiting), sc.LLM_QUEUE_RUNNING: len(batch),
-            sc.LLM_KV_CACHE_USAGE: round(min(1.0, len(batch) / cfg.max_batch * 0.9), 3), sc.LLM_PREEMPTED: 0,
-        }, links=links))
-        for name, a, b in ((sc.SPAN_SCHEDULE, now, sched_end), (sc.SPAN_FORWARD, sched_end, fwd_end),
-                           (sc.SPAN_SAMPLE, fwd_end, samp_end), (sc.SPAN_POSTPROCESS, samp_end, post_end)):
+        window.append(
+            _span(
+                win_trace,
+                step_span,
+                win_span,
+                sc.SPAN_STEP,
+                now,
+                post_end,
+                {
+                    sc.LLM_ENGINE_ID: cfg.engine_id,
+                    sc.LLM_STEP_ID: step_id,
+                    sc.LLM_BATCH_SIZE: len(batch),
+                    sc.LLM_BATCH_PREFILL_TOKENS: prefill_tokens,
+                    sc.LLM_BATCH_DECODE_TOKENS: len(decode),
+                    sc.LLM_QUEUE_WAITING: len(waiting),
+                    sc.LLM_QUEUE_RUNNING: len(batch),
+                    sc.LLM_KV_CACHE_USAGE: round(min(1.0, len(batch) / cfg.max_batch * 0.9), 3),
+                    sc.LLM_PREEMPTED: 0,
+                },
+                links=links,
+            )
+        )
+        for name, a, b in (
+            (sc.SPAN_SCHEDULE, now, sched_end),
+            (sc.SPAN_FORWARD, sched_end, fwd_end),
+            (sc.SPAN_SAMPLE, fwd_end, samp_end),
+            (sc.SPAN_POSTPROCESS, samp_end, post_end),
+        ):
             extra = {sc.LLM_ENGINE_ID: cfg.engine_id} if name == sc.SPAN_FORWARD else None
             window.append(_span(win_trace, ids.span(), step_span, name, a, b, extra))
         for r in new:
@@ -180,8 +216,17 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
         now = post_end
         step_id += 1
         if step_id % cfg.gc_every_steps == 0:
-            window.append(_span(win_trace, ids.span(), win_span, sc.SPAN_GC, now, now + int(cfg.gc_ms * _MS),
-                                {sc.LLM_GC_GENERATION: 2}))
+            window.append(
+                _span(
+                    win_trace,
+                    ids.span(),
+                    win_span,
+                    sc.SPAN_GC,
+                    now,
+                    now + int(cfg.gc_ms * _MS),
+                    {sc.LLM_GC_GENERATION: 2},
+                )
+            )
             now += int(cfg.gc_ms * _MS)
         if len([w for w in window if w["name"] == sc.SPAN_STEP]) >= cfg.window_steps:
             yield _window_doc(cfg, window, win_trace, win_span, win_start, now, step_id)
@@ -191,11 +236,25 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
         yield _window_doc(cfg, window, win_trace, win_span, win_start, now, step_id)
 
 
-def _window_doc(cfg: SimConfig, spans: list[dict[str, Any]], trace_id: str, span_id: str,
-                start: int, end: int, step_id: int) -> dict[str, Any]:
+def _window_doc(
+    cfg: SimConfig,
+    spans: list[dict[str, Any]],
+    trace_id: str,
+    span_id: str,
+    start: int,
+    end: int,
+    step_id: int,
+) -> dict[str, Any]:
     steps = sum(1 for s in spans if s["name"] == sc.SPAN_STEP)
-    root = _span(trace_id, span_id, None, sc.SPAN_ENGINE, start, end,
-                 {sc.LLM_ENGINE_ID: cfg.engine_id, sc.LLM_ENGINE_WINDOW_STEPS: steps})
+    root = _span(
+        trace_id,
+        span_id,
+        None,
+        sc.SPAN_ENGINE,
+        start,
+        end,
+        {sc.LLM_ENGINE_ID: cfg.engine_id, sc.LLM_ENGINE_WINDOW_STEPS: steps},
+    )
     return _doc(cfg.service, [root, *spans])
 
 
@@ -206,16 +265,40 @@ def _request_doc(cfg: SimConfig, r: _Req, ids: _Ids) -> dict[str, Any]:
     tok_end = r.arrival + int((0.05 + r.input_tokens * 0.0002) * _MS)
     e2e = (r.end - r.arrival) / 1e9
     spans = [
-        _span(t, server, None, "POST /v1/completions", srv_start, srv_end, {"http.request.method": "POST"}, kind=2),
-        _span(t, req, server, sc.SPAN_REQUEST, r.arrival, r.end, {
-            sc.LLM_REQUEST_ID: f"cmpl-{r.rid}", sc.GEN_AI_REQUEST_MODEL: "sim-1b",
-            sc.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens, sc.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
-            sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: (r.first_token - r.arrival) / 1e9,
-            sc.GEN_AI_LATENCY_E2E: e2e, sc.GEN_AI_LATENCY_TIME_IN_QUEUE: (r.first_sched - tok_end) / 1e9,
-            sc.LLM_PREEMPTIONS: 0, sc.LLM_STEP_FIRST_ID: r.first_step, sc.LLM_STEP_LAST_ID: r.last_step,
-            sc.LLM_REQUEST_FINISH_REASON: sc.FINISH_LENGTH,
-        }),
-        _span(t, ids.span(), req, sc.SPAN_TOKENIZE, r.arrival, tok_end, {sc.LLM_TOKENIZE_TOKENS: r.input_tokens}),
+        _span(
+            t,
+            server,
+            None,
+            "POST /v1/completions",
+            srv_start,
+            srv_end,
+            {"http.request.method": "POST"},
+            kind=2,
+        ),
+        _span(
+            t,
+            req,
+            server,
+            sc.SPAN_REQUEST,
+            r.arrival,
+            r.end,
+            {
+                sc.LLM_REQUEST_ID: f"cmpl-{r.rid}",
+                sc.GEN_AI_REQUEST_MODEL: "sim-1b",
+                sc.GEN_AI_USAGE_INPUT_TOKENS: r.input_tokens,
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens,
+                sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: (r.first_token - r.arrival) / 1e9,
+                sc.GEN_AI_LATENCY_E2E: e2e,
+                sc.GEN_AI_LATENCY_TIME_IN_QUEUE: (r.first_sched - tok_end) / 1e9,
+                sc.LLM_PREEMPTIONS: 0,
+                sc.LLM_STEP_FIRST_ID: r.first_step,
+                sc.LLM_STEP_LAST_ID: r.last_step,
+                sc.LLM_REQUEST_FINISH_REASON: sc.FINISH_LENGTH,
+            },
+        ),
+        _span(
+            t, ids.span(), req, sc.SPAN_TOKENIZE, r.arrival, tok_end, {sc.LLM_TOKENIZE_TOKENS: r.input_tokens}
+        ),
         _span(t, ids.span(), req, sc.SPAN_QUEUE, tok_end, r.first_sched, {sc.LLM_QUEUE_INDEX: 0}),
         _span(t, ids.span(), req, sc.SPAN_PREFILL, r.first_sched, r.first_token),
         _span(t, ids.span(), req, sc.SPAN_DECODE, r.first_token, r.end),

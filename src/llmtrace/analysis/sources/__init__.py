@@ -68,7 +68,9 @@ def load_spans(
         warnings = stats.warnings(spec)
         spans = _filter(spans, services, since_ns, until_ns)
     if not spans:
-        raise EmptySourceError(spec, "no spans found" + (" for the given filters" if services or since_ns else ""))
+        raise EmptySourceError(
+            spec, "no spans found" + (" for the given filters" if services or since_ns else "")
+        )
     return Loaded(spec, spans, warnings)
 
 

@@ -127,9 +127,11 @@ def iter_file_spans(
                 progress(size, size)
             yield from _iter_concatenated(path, text, intern, stats)
     except _READ_ERRORS as exc:
-        msg = "truncated or corrupt gzip data" if not isinstance(exc, OSError) or "gzip" in str(
-            exc
-        ).lower() or isinstance(exc, gzip.BadGzipFile) else (exc.strerror or str(exc))
+        msg = (
+            "truncated or corrupt gzip data"
+            if not isinstance(exc, OSError) or "gzip" in str(exc).lower() or isinstance(exc, gzip.BadGzipFile)
+            else (exc.strerror or str(exc))
+        )
         raise SourceError(path, msg, f"line {lineno}") from None
     finally:
         stats.unknown_kinds |= intern.unknown_kinds
@@ -148,7 +150,9 @@ def _iter_lines(
     stats: ReadStats,
     progress: ProgressFn | None,
 ) -> Iterator[Span]:
-    yield from spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
+    yield from spans_from_document(
+        first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats
+    )
     tick = 0
     for line in stream:
         lineno += 1
@@ -158,11 +162,15 @@ def _iter_lines(
             doc = loads(line)
         except DecodeErrors as exc:
             if not line.endswith(b"\n"):
-                raise SourceError(path, "truncated line (file cut off mid-write?)", f"line {lineno}") from None
+                raise SourceError(
+                    path, "truncated line (file cut off mid-write?)", f"line {lineno}"
+                ) from None
             col = getattr(exc, "colno", None)
             pos = f"line {lineno}" + (f", column {col}" if col else "")
             raise SourceError(path, f"malformed JSON: {short_message(exc)}", pos) from None
-        yield from spans_from_document(doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
+        yield from spans_from_document(
+            doc, source=path, position=f"line {lineno}", intern=intern, stats=stats
+        )
         tick += 1
         if progress is not None and tick % 64 == 0:
             progress(raw.tell() if size else 0, size)
@@ -185,7 +193,9 @@ def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStat
         try:
             doc, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise SourceError(path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)) from None
+            raise SourceError(
+                path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)
+            ) from None
         count += 1
         position = error_position_text(text, pos)
         yield from spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)

@@ -59,7 +59,9 @@ class JaegerSource:
         try:
             import httpx
         except ImportError:  # pragma: no cover - exercised only without the extra
-            raise SourceError(base_url, "reading from Jaeger needs httpx: pip install 'llmtrace[analysis]'") from None
+            raise SourceError(
+                base_url, "reading from Jaeger needs httpx: pip install 'llmtrace[analysis]'"
+            ) from None
         self.base_url = base_url.rstrip("/")
         self.limit = limit
         self._httpx = httpx
@@ -77,7 +79,9 @@ class JaegerSource:
         try:
             return self._client.get(path, params=params)
         except self._httpx.HTTPError as exc:
-            raise SourceError(self.base_url, f"cannot reach Jaeger: {type(exc).__name__}: {exc}", path) from None
+            raise SourceError(
+                self.base_url, f"cannot reach Jaeger: {type(exc).__name__}: {exc}", path
+            ) from None
 
     def _fail(self, resp: httpx.Response, path: str) -> SourceError:
         body = resp.text.strip().replace("\n", " ")[:200]
@@ -154,8 +158,13 @@ class JaegerSource:
         position = f"{path}?service={service}&window={rfc3339(a)}..{rfc3339(b)}"
         for i, doc in enumerate(_documents(resp.text, self.base_url, position)):
             spans.extend(
-                spans_from_document(doc, source=self.base_url, position=f"{position} chunk {i}",
-                                    intern=self._intern, stats=self.stats)
+                spans_from_document(
+                    doc,
+                    source=self.base_url,
+                    position=f"{position} chunk {i}",
+                    intern=self._intern,
+                    stats=self.stats,
+                )
             )
         self.stats.spans += len(spans)
         self.stats.unknown_kinds |= self._intern.unknown_kinds
@@ -174,5 +183,7 @@ def _documents(text: str, source: str, position: str) -> Iterator[Any]:
         try:
             doc, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise SourceError(source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}") from None
+            raise SourceError(
+                source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}"
+            ) from None
         yield doc

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from llmtrace.analysis.errors import SourceError
-from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode, new_span
 
 _KIND_NAMES = {
     "SPAN_KIND_UNSPECIFIED": SpanKind.UNSPECIFIED,
@@ -103,14 +103,22 @@ def _attributes(raw: Any, intern: Interner) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if not raw:
         return out
-    convert = _CONVERT
+    strings = intern.strings
     for kv in raw:
+        key = kv["key"]
         for k, x in kv["value"].items():
-            conv = convert.get(k)
-            if conv is not None:
-                val = conv(x)
-                out[intern(kv["key"])] = intern(val) if k == "stringValue" and len(val) < 64 else val
-                break
+            if k == "stringValue":
+                out[strings.setdefault(key, key)] = strings.setdefault(x, x) if len(x) < 64 else x
+            elif k == "intValue":
+                out[strings.setdefault(key, key)] = int(x)
+            elif k == "doubleValue":
+                out[strings.setdefault(key, key)] = float(x)
+            else:
+                conv = _CONVERT.get(k)
+                if conv is None:
+                    continue
+                out[strings.setdefault(key, key)] = conv(x)
+            break
     return out
 
 
@@ -147,7 +155,19 @@ def _describe(exc: Exception) -> str:
 
 
 def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], intern: Interner) -> Span:
+    # Hot path: ids are taken as-is when they have the hex length (the OTLP/JSON spec says
+    # lowercase hex), anything else goes through the slow normalisation.
+    strings = intern.strings
+    tid = sp["traceId"]
+    if len(tid) != 32:
+        tid = _hex_id(tid, 16)
+    tid = strings.setdefault(tid, tid)
+    sid = sp["spanId"]
+    if len(sid) != 16:
+        sid = _hex_id(sid, 8)
     parent = sp.get("parentSpanId")
+    if parent and len(parent) != 16:
+        parent = _hex_id(parent, 8)
     raw_kind = sp.get("kind", 1)
     kind = _KINDS.get(raw_kind)
     if kind is None:
@@ -155,26 +175,37 @@ def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], inte
         kind = SpanKind.UNSPECIFIED
     status = sp.get("status")
     code = _STATUS.get(status.get("code", 0), StatusCode.UNSET) if status else StatusCode.UNSET
-    links = sp.get("links")
     start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
     if end < start:
         raise ValueError(f"ends {start - end} ns before it starts")
-    return Span(
-        intern(_hex_id(sp["traceId"], 16)),
-        _hex_id(sp["spanId"], 8),
-        _hex_id(parent, 8) if parent else None,
-        intern(sp["name"]),
+    links = sp.get("links")
+    name = sp["name"]
+    return new_span(
+        tid,
+        sid,
+        parent or None,
+        strings.setdefault(name, name),
         start,
         end,
         kind,
         code,
         _attributes(sp.get("attributes"), intern),
-        tuple(
-            Link(intern(_hex_id(ln["traceId"], 16)), _hex_id(ln["spanId"], 8)) for ln in links
-        ) if links else (),
+        tuple(_link(ln, strings) for ln in links) if links else (),
         service,
         resource,
     )
+
+
+_new_tuple = tuple.__new__
+
+
+def _link(ln: Mapping[str, Any], strings: dict[str, str]) -> Link:
+    tid, sid = ln["traceId"], ln["spanId"]
+    if len(tid) != 32:
+        tid = _hex_id(tid, 16)
+    if len(sid) != 16:
+        sid = _hex_id(sid, 8)
+    return _new_tuple(Link, (strings.setdefault(tid, tid), sid))
 
 
 def document_kind(doc: Any) -> str:

@@ -1,0 +1,232 @@
+"""Bottleneck diagnosis: which resource limits the server, with evidence and a remedy.
+
+Every class gets a score in [0, 1] from the measurements below; the highest score wins,
+and a score under :data:`MIN_SCORE` means nothing is saturated (``none``: the server has
+headroom). The same rules run per ``llm.engine`` window with the window's own numbers, so
+a report can say "compute-bound at peak, host-bound in the tail".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from llmtrace import semconv as sc
+from llmtrace.analysis.gpu_idle import EngineIdle
+from llmtrace.analysis.model import RequestView, StepView, WindowView
+from llmtrace.analysis.stats import percentile
+
+
+class Bottleneck(str, Enum):
+    COMPUTE = "compute"
+    MEMORY = "kv-memory"
+    HOST = "host-scheduling"
+    QUEUEING = "queueing-load"
+    NETWORK = "network-streaming"
+    NONE = "none"
+
+
+#: Below this no class is called a bottleneck: the evidence is too weak to act on.
+MIN_SCORE = 0.35
+#: GPU busy (forward) share of the sampled time above which the device is the limit; vLLM
+#: at saturation runs forwards ~90-95% of wall time, the rest is unavoidable step overhead.
+BUSY_SATURATED = 0.85
+#: Idle-with-work-waiting share of sampled time at which host overhead costs real
+#: throughput: 30% idle with requests in flight is a third more tokens left on the table.
+HOST_IDLE_FULL = 0.30
+#: Preemptions per request at which recomputation dominates (each preemption redoes a
+#: prefill); 0.2 = one request in five is evicted at least once.
+PREEMPT_FULL = 0.2
+#: KV-cache usage at which the block manager starts refusing admissions.
+KV_HIGH = 0.9
+#: Queue share of request latency at which users feel load rather than model speed.
+QUEUE_FULL = 0.4
+#: Network/streaming share of latency at which the HTTP layer, not the model, is the cost.
+NETWORK_FULL = 0.3
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnosis:
+    """A verdict: the class, its score, the numbers behind it, what to do."""
+
+    cls: Bottleneck
+    score: float
+    evidence: Mapping[str, float]
+    recommendation: str
+    scores: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    busy_ratio: float
+    idle_with_work_ratio: float
+    host_cause_share: Mapping[str, float]
+    preemptions_per_request: float
+    kv_usage_p90: float
+    queue_share: float
+    queue_growth: float
+    network_share: float
+    mean_batch: float
+
+
+def _clip(x: float) -> float:
+    return max(0.0, min(1.0, x))
+
+
+def score(f: Features) -> dict[Bottleneck, float]:
+    saturated = _clip((f.busy_ratio - 0.5) / (BUSY_SATURATED - 0.5))
+    return {
+        Bottleneck.COMPUTE: saturated * (1.0 - _clip(f.idle_with_work_ratio / HOST_IDLE_FULL)) * 0.9,
+        Bottleneck.MEMORY: max(
+            _clip(f.preemptions_per_request / PREEMPT_FULL),
+            _clip((f.kv_usage_p90 - KV_HIGH) / (1 - KV_HIGH)) * (1.0 if f.queue_growth > 0 else 0.6),
+        ),
+        Bottleneck.HOST: _clip(f.idle_with_work_ratio / HOST_IDLE_FULL),
+        Bottleneck.QUEUEING: _clip(f.queue_share / QUEUE_FULL) * max(saturated, _clip(f.queue_growth)),
+        Bottleneck.NETWORK: _clip(f.network_share / NETWORK_FULL),
+    }
+
+
+def diagnose(f: Features) -> Diagnosis:
+    scores = score(f)
+    cls, best = max(scores.items(), key=lambda kv: (kv[1], -list(Bottleneck).index(kv[0])))
+    if best < MIN_SCORE:
+        cls = Bottleneck.NONE
+    return Diagnosis(
+        cls,
+        round(best, 3),
+        _evidence(cls, f),
+        _recommend(cls, f),
+        {k.value: round(v, 3) for k, v in scores.items()},
+    )
+
+
+def _evidence(cls: Bottleneck, f: Features) -> dict[str, float]:
+    base = {"gpu_busy_ratio": f.busy_ratio, "idle_with_work_ratio": f.idle_with_work_ratio}
+    extra: dict[Bottleneck, dict[str, float]] = {
+        Bottleneck.COMPUTE: {"mean_batch_size": f.mean_batch, "queue_share": f.queue_share},
+        Bottleneck.MEMORY: {
+            "preemptions_per_request": f.preemptions_per_request,
+            "kv_usage_p90": f.kv_usage_p90,
+        },
+        Bottleneck.HOST: {f"idle_share_{k}": v for k, v in f.host_cause_share.items() if v > 0},
+        Bottleneck.QUEUEING: {"queue_share": f.queue_share, "queue_growth_per_s": f.queue_growth},
+        Bottleneck.NETWORK: {"network_share": f.network_share},
+        Bottleneck.NONE: {"queue_share": f.queue_share, "mean_batch_size": f.mean_batch},
+    }
+    return {k: round(v, 4) for k, v in {**base, **extra[cls]}.items()}
+
+
+def _recommend(cls: Bottleneck, f: Features) -> str:
+    if cls is Bottleneck.HOST:
+        top = max(f.host_cause_share.items(), key=lambda kv: kv[1], default=("other", 0.0))
+        hints = {
+            "schedule": "the scheduler: enable async scheduling / overlap scheduling with the forward pass",
+            "postprocess": "output processing: move detokenization/streaming off the engine loop",
+            "sample": "sampling: use the fused GPU sampler, avoid per-request logits processors in Python",
+            "gc": "garbage-collector pauses: gc.freeze() after warm-up, raise gc thresholds",
+            "tokenize": "tokenization: tokenize in a separate process or batch it",
+            "other": "untraced host work between steps: profile the engine loop (py-spy)",
+        }
+        return (
+            f"GPU idle {f.idle_with_work_ratio:.0%} of the time with requests waiting; "
+            f"{top[1]:.0%} of that idle time is in {hints.get(top[0], top[0])}; CUDA graphs cut launch overhead."
+        )
+    if cls is Bottleneck.MEMORY:
+        return (
+            f"{f.preemptions_per_request:.2f} preemptions/request, KV usage p90 {f.kv_usage_p90:.0%}: "
+            "raise gpu_memory_utilization, lower max_num_seqs, enable prefix caching or KV quantization "
+            "(fp8), or add a replica."
+        )
+    if cls is Bottleneck.QUEUEING:
+        return (
+            f"{f.queue_share:.0%} of latency is queueing while the GPU is {f.busy_ratio:.0%} busy: arrivals "
+            "exceed capacity — add replicas, rate-limit, or raise max_num_batched_tokens if memory allows."
+        )
+    if cls is Bottleneck.COMPUTE:
+        return (
+            f"forward passes occupy {f.busy_ratio:.0%} of the time (mean batch {f.mean_batch:.1f}): "
+            "the model itself is the limit — quantize, use a smaller/speculative draft model, "
+            "tensor-parallel across more GPUs, or add replicas."
+        )
+    if cls is Bottleneck.NETWORK:
+        return (
+            f"{f.network_share:.0%} of latency is outside the engine (HTTP, streaming): check response "
+            "streaming chunk sizes, proxies buffering SSE, and client read speed."
+        )
+    return "no resource is saturated: the server has headroom at this load."
+
+
+def features(
+    idle: Sequence[EngineIdle],
+    steps: Sequence[StepView],
+    requests: Sequence[RequestView],
+    queue_share: float,
+    network_share: float,
+) -> Features:
+    covered = sum(e.covered_ns for e in idle)
+    idle_ns = sum(e.idle_ns for e in idle)
+    with_work = sum(e.with_work_waiting_ns for e in idle)
+    causes: dict[str, int] = {}
+    for e in idle:
+        for k, v in e.by_cause_ns.items():
+            causes[k] = causes.get(k, 0) + v
+    preempt = [r.num(sc.LLM_PREEMPTIONS) or 0.0 for r in requests]
+    return Features(
+        busy_ratio=(covered - idle_ns) / covered if covered else 0.0,
+        idle_with_work_ratio=with_work / covered if covered else 0.0,
+        host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
+        preemptions_per_request=(sum(preempt) / len(preempt))
+        if preempt
+        else _step_preemptions(steps, requests),
+        kv_usage_p90=_kv_p90(steps),
+        queue_share=queue_share,
+        queue_growth=_queue_growth(steps),
+        network_share=network_share,
+        mean_batch=(sum(s.num(sc.LLM_BATCH_SIZE) for s in steps) / len(steps)) if steps else 0.0,
+    )
+
+
+def _step_preemptions(steps: Sequence[StepView], requests: Sequence[RequestView] = ()) -> float:
+    """Preemptions per request from step attributes: requests are counted by their links."""
+    total = sum(s.num(sc.LLM_PREEMPTED) for s in steps)
+    linked = len({link.span_id for s in steps for link in s.step.links})
+    return total / linked if linked else 0.0
+
+
+def _kv_p90(steps: Sequence[StepView]) -> float:
+    vals = [s.num(sc.LLM_KV_CACHE_USAGE, -1.0) for s in steps]
+    vals = [v for v in vals if v >= 0]
+    return percentile(vals, 90) if vals else 0.0
+
+
+def _queue_growth(steps: Sequence[StepView]) -> float:
+    """Waiting-queue growth in requests/s, least-squares over the steps (positive: falling behind)."""
+    if len(steps) < 3:
+        return 0.0
+    xs = [s.step.start_ns / 1e9 for s in steps]
+    ys = [s.num(sc.LLM_QUEUE_WAITING) for s in steps]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
+
+
+def window_features(
+    window: WindowView, steps: Sequence[StepView], idle_ns: int, with_work_ns: int, causes: Mapping[str, int]
+) -> Features:
+    """The same features measured inside one ``llm.engine`` window (no request-level shares)."""
+    dur = max(1, window.end_ns - window.start_ns)
+    waiting = [s.num(sc.LLM_QUEUE_WAITING) for s in steps]
+    batch = sum(s.num(sc.LLM_BATCH_SIZE) for s in steps)
+    return Features(
+        busy_ratio=(dur - idle_ns) / dur,
+        idle_with_work_ratio=with_work_ns / dur,
+        host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
+        preemptions_per_request=_step_preemptions(steps),
+        kv_usage_p90=_kv_p90(steps),
+        queue_share=_clip(sum(waiting) / max(1.0, sum(waiting) + batch)),
+        queue_growth=_queue_growth(steps),
+        network_share=0.0,
+        mean_batch=batch / len(steps) if steps else 0.0,
+    )
