@@ -1,29 +1,21 @@
-"""Exceptions raised by the analyzer. All derive from :class:`AnalysisError`.
+"""Exceptions raised by the analyzer; they hang off the package tree in :mod:`llmtrace.errors`.
 
-``AnalysisError``
-    ``SourceError`` — a source could not be read or parsed; names the source and a position.
-        ``EmptySourceError`` — a source was read fine but holds no spans.
-    ``SummaryError`` — a saved JSON summary has the wrong schema or version.
+``LLMTraceError``
+    ``SourceError`` (llmtrace.errors) — a source cannot be read or parsed; names source and position.
+        ``EmptySourceError`` — a source was read fine but holds no spans (empty file, no match).
+    ``AnalysisError`` — the analyzer cannot proceed.
+        ``SummaryError`` — a saved JSON summary has the wrong schema or version.
 
-The CLI turns any ``AnalysisError`` into one line on stderr and exit code 2.
+The CLI turns any ``LLMTraceError`` into one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
-
-class AnalysisError(Exception):
-    """Base of every analyzer error."""
+from llmtrace.errors import LLMTraceError, SourceError
 
 
-class SourceError(AnalysisError):
-    """A trace source is unreadable: ``source`` is a path or URL, ``position`` where it failed."""
-
-    def __init__(self, source: str, message: str, position: str | None = None) -> None:
-        self.source = source
-        self.position = position
-        self.message = message
-        where = f"{source}:{position}" if position else source
-        super().__init__(f"{where}: {message}")
+class AnalysisError(LLMTraceError):
+    """The analyzer cannot proceed (other than an unreadable source)."""
 
 
 class EmptySourceError(SourceError):
@@ -32,3 +24,6 @@ class EmptySourceError(SourceError):
 
 class SummaryError(AnalysisError):
     """A JSON summary passed to ``compare`` is not a summary this version understands."""
+
+
+__all__ = ["AnalysisError", "EmptySourceError", "LLMTraceError", "SourceError", "SummaryError"]

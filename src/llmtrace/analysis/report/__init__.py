@@ -1,0 +1,1 @@
+"""Renderers: they consume an :class:`~llmtrace.analysis.summary.Analysis` summary, never compute."""

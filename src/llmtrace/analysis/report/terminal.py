@@ -1,0 +1,130 @@
+"""The terminal report: what an engineer reads first after ``llmtrace analyze``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_BAR = 24
+
+
+def fmt_s(x: float | None) -> str:
+    """Seconds, human-scaled: 412 µs, 11.7 ms, 1.27 s."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    ax = abs(x)
+    if ax == 0:
+        return "0"
+    if ax < 1e-3:
+        return f"{x * 1e6:.0f} µs"
+    if ax < 1:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x:.3g} s"
+
+
+def _bar(share: float) -> str:
+    n = max(0, min(_BAR, round(share * _BAR)))
+    return "█" * n + "·" * (_BAR - n)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
+    """Render a :func:`~llmtrace.analysis.summary.to_json` summary as text."""
+    lines: list[str] = []
+    src, req = summary["source"], summary["requests"]
+    lines.append(f"llmtrace analysis — {src['name']}")
+    lines.append(
+        f"  {src['spans']:,} spans · {src['traces']:,} traces · {req['count']:,} requests "
+        f"({req['errors']} errors) · {fmt_s(req['duration_s'])} · {req['throughput_rps']:.1f} req/s · "
+        f"{req['output_tokens_per_s']:.0f} output tok/s"
+    )
+    lines += ["", f"{'Latency':<22}{'p50':>10}{'p90':>10}{'p99':>10}"]
+    for key, label in (("ttft_s", "time to first token"), ("e2e_s", "end to end"), ("tpot_s", "per output token")):
+        d = req.get(key) or {}
+        lines.append(f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}")
+    lines += _phases(summary["breakdown"])
+    lines += _critical_path(summary["critical_path"])
+    lines += _gpu_idle(summary["gpu_idle"])
+    lines += _bottleneck(summary["bottleneck"])
+    lines += _anomalies(summary["anomalies"], max_anomalies)
+    if src["warnings"]:
+        lines += ["", "Warnings"] + [f"  ! {w}" for w in src["warnings"]]
+    return "\n".join(lines)
+
+
+def _phases(breakdown: Mapping[str, Any]) -> list[str]:
+    out = ["", f"{'Phase breakdown':<22}{'p50':>10}{'p99':>10}{'share':>8}  of request latency"]
+    for phase, d in breakdown.items():
+        if not d["share"] and not d["p99_s"]:
+            continue
+        out.append(f"  {phase:<20}{fmt_s(d['p50_s']):>10}{fmt_s(d['p99_s']):>10}{_pct(d['share']):>8}  {_bar(d['share'])}")
+    return out
+
+
+def _critical_path(cp: Mapping[str, Any], top: int = 8) -> list[str]:
+    out = ["", f"{'Critical path':<22}{'p50':>10}{'p99':>10}{'share':>8}  exclusive time on the path"]
+    for name, d in list(cp.items())[:top]:
+        label = name if len(name) <= 20 else name[:19] + "…"
+        out.append(f"  {label:<20}{fmt_s(d['p50_s']):>10}{fmt_s(d['p99_s']):>10}{_pct(d['share']):>8}  {_bar(d['share'])}")
+    return out
+
+
+def _gpu_idle(idle: Mapping[str, Any]) -> list[str]:
+    out = ["", "GPU idle (gaps between forward passes, sampled windows only)"]
+    if not idle:
+        return [*out, "  no engine timeline in the data (no llm.step / llm.forward spans)"]
+    for eid, d in idle.items():
+        out.append(
+            f"  {eid}: {_pct(d['ratio'])} idle — {fmt_s(d['total_s'])} of {fmt_s(d['covered_s'])} in "
+            f"{d['gaps']:,} gaps (p50 {fmt_s(d['gap_p50_s'])}, p99 {fmt_s(d['gap_p99_s'])})"
+        )
+        out.append(
+            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · nothing to do {fmt_s(d['nothing_to_do_s'])}"
+        )
+        total = d["total_s"] or 1.0
+        causes = sorted(((k, v) for k, v in d["by_cause_s"].items() if v), key=lambda kv: -kv[1])
+        out.append("      host was in: " + ", ".join(f"{k} {v / total:.0%}" for k, v in causes))
+    return out
+
+
+def _bottleneck(b: Mapping[str, Any]) -> list[str]:
+    out = ["", f"Bottleneck: {b['class'].upper()} (score {b['score']:.2f})"]
+    out.append("  evidence: " + ", ".join(f"{k}={v:g}" for k, v in b["evidence"].items()))
+    out.append(f"  → {b['recommendation']}")
+    if b.get("window_classes"):
+        out.append("  per window: " + ", ".join(f"{k} {v}" for k, v in sorted(b["window_classes"].items())))
+    return out
+
+
+def _anomalies(anomalies: Sequence[Mapping[str, Any]], top: int) -> list[str]:
+    if not anomalies:
+        return ["", "Anomalies: none (robust z > 3.5 within input-length buckets)"]
+    out = ["", f"Anomalies ({len(anomalies)}; worst {min(top, len(anomalies))} shown)"]
+    for a in anomalies[:top]:
+        out.append(
+            f"  {a['request_id']:<14} {a['metric']:<7}{fmt_s(a['value']):>10} vs median {fmt_s(a['median']):>9}"
+            f" (z {a['z']:.1f}, {a['bucket']} tokens) — mostly {a['dominant_segment']} {fmt_s(a['dominant_s'])}"
+            f"  trace {a['trace_id']}"
+        )
+    return out
+
+
+def render_compare(rows: Sequence[Any], base: str, current: str) -> str:
+    out = [f"llmtrace compare — base {base} vs current {current}", "",
+           f"  {'metric':<28}{'base':>11}{'current':>11}{'change':>9}{'p':>9}  verdict"]
+    for r in rows:
+        is_ratio = r.metric.startswith("gpu_idle")
+        fmt = (lambda v: f"{v:.1%}") if is_ratio else (
+            (lambda v: f"{v:.3g}") if "throughput" in r.metric else fmt_s)
+        change = f"{r.change * 100:+.1f}pt" if is_ratio else f"{r.change:+.1%}"
+        p = "-" if r.p_value is None else f"{r.p_value:.3g}"
+        verdict = "REGRESSION" if r.regression else "ok"
+        note = f" ({r.note})" if r.note and r.note != "absolute points" else ""
+        out.append(f"  {r.metric:<28}{fmt(r.base):>11}{fmt(r.current):>11}{change:>9}{p:>9}  {verdict}{note}")
+    n = sum(r.regression for r in rows)
+    out += ["", f"{n} regression(s)" if n else "no regression"]
+    return "\n".join(out)

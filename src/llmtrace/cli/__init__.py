@@ -1,0 +1,176 @@
+"""``llmtrace`` command line: analyze, compare, demo, doctor.
+
+A thin layer over :mod:`llmtrace.analysis` (and the demo/doctor modules, imported only
+when their subcommand runs). Any error a user can cause — a missing file, malformed JSON,
+an unreachable Jaeger — ends as one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llmtrace.errors import LLMTraceError
+
+EXIT_OK = 0
+EXIT_REGRESSION = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+
+_DESCRIPTION = """\
+Trace LLM inference servers and find out why requests are slow.
+
+examples:
+  llmtrace analyze llmtrace-traces.jsonl.gz                 # a file from the embedded exporter
+  llmtrace analyze http://localhost:16686 --service vllm --since 15m --html report.html
+  llmtrace analyze traces.jsonl --json summary.json         # versioned JSON for CI / compare
+  llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
+  llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
+  llmtrace doctor                                           # NVML, collector, integrations
+"""
+
+_ANALYZE_EPILOG = """\
+SOURCE is one or more of:
+  FILE[.gz]            OTLP JSON lines (llmtrace's file exporter, the collector's file
+                       exporter), one OTLP/JSON document, or a saved Jaeger response
+                       (/api/v3/traces or legacy /api/traces); "-" reads stdin
+  http(s)://HOST:16686 a Jaeger query service (v3 API, legacy API as fallback)
+
+examples:
+  llmtrace analyze traces.jsonl
+  llmtrace analyze requests.jsonl engine.jsonl.gz --html report.html
+  llmtrace analyze http://jaeger:16686 --service llm-api --since 2h --until 1h --limit 2000
+  llmtrace analyze traces.jsonl --json - | jq .bottleneck
+
+exit codes: 0 ok, 2 bad input (unreadable source, malformed data, no spans)
+"""
+
+_COMPARE_EPILOG = """\
+BASE and CURRENT are JSON summaries written by `llmtrace analyze --json`, or trace
+sources (analysed on the fly, same forms as `analyze`).
+
+A latency metric regresses when it is worse by more than --threshold and a one-sided
+Mann-Whitney U test on the per-request samples gives p < --alpha. GPU idle ratio
+regresses when it grows by more than 5 points.
+
+examples:
+  llmtrace compare main.json pr.json
+  llmtrace compare main.json traces.jsonl.gz --threshold 0.05 --json delta.json
+
+exit codes: 0 no regression, 1 regression, 2 bad input
+"""
+
+
+def _add_analyze(sub: Any) -> None:
+    p = sub.add_parser("analyze", help="analyse traces from files or Jaeger", epilog=_ANALYZE_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Critical path, phase breakdown, GPU idle gaps, bottleneck and anomalies.")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="trace file(s) or a Jaeger URL")
+    p.add_argument("--service", action="append", metavar="NAME",
+                   help="only traces touching this service (repeatable; Jaeger: default all services)")
+    p.add_argument("--since", metavar="TIME", help="window start: 15m, 2h, 1d ago, RFC 3339 or Unix seconds")
+    p.add_argument("--until", metavar="TIME", help="window end (default: now)")
+    p.add_argument("--limit", type=int, default=1000, metavar="N",
+                   help="traces per Jaeger query; full windows are split and re-fetched (default 1000)")
+    p.add_argument("--api", choices=("auto", "v3", "legacy"), default="auto", help="Jaeger API (default auto)")
+    p.add_argument("--json", metavar="PATH", help='write the JSON summary ("-" for stdout)')
+    p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
+    p.add_argument("--overlap-allowance-ms", type=float, default=0.0, metavar="MS",
+                   help="critical path: let a child overlap the next one by this much (default 0)")
+    p.add_argument("--no-skew-adjust", action="store_true", help="do not shift cross-process children into parents")
+    p.add_argument("--anomalies", type=int, default=5, metavar="N", help="anomalies shown in the report")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no report (files only)")
+    p.set_defaults(func=_lazy("llmtrace.cli._analyze", "run_analyze"))
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser("compare", help="compare two runs; exit 1 on regression (CI gate)", epilog=_COMPARE_EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Per-metric deltas with a significance test.")
+    p.add_argument("base", metavar="BASE")
+    p.add_argument("current", metavar="CURRENT")
+    p.add_argument("--threshold", type=float, default=0.10, help="relative worsening that fails (default 0.10)")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--json", metavar="PATH", help='write the comparison as JSON ("-" for stdout)')
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no table")
+    p.set_defaults(func=_lazy("llmtrace.cli._compare", "run_compare"))
+
+
+def _add_demo(sub: Any) -> None:
+    p = sub.add_parser("demo", help="run the reference server traced, with load, then analyse",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html\n")
+    p.add_argument("--duration-s", type=float, default=20.0, help="load duration in seconds (default 20)")
+    p.add_argument("--requests", type=int, default=None, help="stop after this many requests")
+    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--output", metavar="PATH", default=None, help="trace file to write (OTLP JSON lines)")
+    p.add_argument("--no-analysis", action="store_true", help="only produce traces")
+    p.add_argument("--html", metavar="PATH", help="write the HTML report")
+    p.add_argument("--json", metavar="PATH", help="write the JSON summary")
+    p.set_defaults(func=_lazy("llmtrace.demo", "run_demo"))
+
+
+def _add_doctor(sub: Any) -> None:
+    p = sub.add_parser("doctor", help="check NVML, the collector endpoint and installed integrations",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="examples:\n  llmtrace doctor\n  llmtrace doctor --endpoint http://otel:4317 --json\n")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--endpoint", metavar="URL", help="OTLP endpoint to check (default: from the environment)")
+    p.set_defaults(func=_lazy("llmtrace.gpu.doctor", "run_doctor"))
+
+
+def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
+    """Import a subcommand's implementation only when it runs (demo pulls in a server)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise LLMTraceError(f"`llmtrace {args.command}` is not available: {exc}") from None
+        return int(fn(args) or 0)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmtrace", description=_DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from llmtrace import _version
+
+    parser.add_argument("--version", action="version", version=f"llmtrace {_version.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_analyze(sub)
+    _add_compare(sub)
+    _add_demo(sub)
+    _add_doctor(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code (also when called from tests)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except LLMTraceError as exc:
+        print(f"llmtrace: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("llmtrace: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(f"llmtrace: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+__all__ = ["build_parser", "main"]

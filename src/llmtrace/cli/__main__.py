@@ -1,0 +1,5 @@
+import sys
+
+from llmtrace.cli import main
+
+sys.exit(main())
