@@ -126,6 +126,12 @@ HW_GPU_THROTTLE_REASONS: Final = "hw.gpu.throttle_reasons"  # bitmask
 AGG_MEAN_SUFFIX: Final = ".mean"
 AGG_MAX_SUFFIX: Final = ".max"
 
+# ---- GPU additions (gpu/ owner, issue 5): metric-only health signals and device labels.
+HW_GPU_UUID: Final = "hw.gpu.uuid"  # metric attribute: the NVML UUID (GPU-... / MIG-...)
+HW_GPU_NAME: Final = "hw.gpu.name"  # metric attribute: the product name, e.g. "NVIDIA H200"
+HW_GPU_ECC_UNCORRECTED: Final = "hw.gpu.ecc.uncorrected"  # volatile uncorrected ECC errors, count
+HW_GPU_PERFORMANCE_STATE: Final = "hw.gpu.performance_state"  # P-state, 0 (max) .. 15
+# ---- end GPU additions
 # ------------------------------------------------------------------- resource
 LLMTRACE_VERSION_ATTR: Final = "llmtrace.version"
 LLMTRACE_PROCESS_ROLE: Final = "llmtrace.process.role"  # api-server | engine | worker

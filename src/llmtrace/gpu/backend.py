@@ -18,6 +18,7 @@ three "no GPU here" cases applies (:class:`Unavailable`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -166,10 +167,8 @@ class PynvmlBackend:
         if not self._initialised:
             return
         self._initialised = False
-        try:
+        with contextlib.suppress(Exception):  # shutdown is best effort by contract
             self._nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutdown is best effort by contract
-            pass
 
     # ------------------------------------------------------------------ plumbing
     def _call(self, fn: Callable[..., _T], *args: object) -> _T:
@@ -280,7 +279,11 @@ class PynvmlBackend:
 def _translate(nvml: Any, exc: Exception) -> Exception:
     """Map a pynvml error to the seam's exception vocabulary."""
     value = getattr(exc, "value", None)
-    if value in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND, nvml.NVML_ERROR_NO_PERMISSION):
+    if value in (
+        nvml.NVML_ERROR_NOT_SUPPORTED,
+        nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+        nvml.NVML_ERROR_NO_PERMISSION,
+    ):
         return QueryNotSupported(str(exc))
     if value in (nvml.NVML_ERROR_GPU_IS_LOST, nvml.NVML_ERROR_RESET_REQUIRED):
         return DeviceGone(str(exc))

@@ -111,11 +111,9 @@ def _inventory(backend: NvmlBackend, with_mig: bool) -> list[_Known]:
         for slot, mig in enumerate(backend.mig_handles(handle)):
             try:
                 ids = backend.mig_ids(mig)
-            except Exception:  # noqa: BLE001 - a MIG slot we cannot name is still addressable by UUID
+            except Exception:  # a MIG slot we cannot name is still addressable by UUID
                 ids = None
-            known.append(
-                _Known(index, f"{index}:mig{slot}", backend.uuid(mig), name, mig, True, ids, uuid)
-            )
+            known.append(_Known(index, f"{index}:mig{slot}", backend.uuid(mig), name, mig, True, ids, uuid))
     return known
 
 
@@ -185,7 +183,9 @@ def resolve_devices(
     """
     env = os.environ if environ is None else environ
     entries = None if selection == "all" else parse_cuda_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
-    with_mig = entries is not None and any(isinstance(e, str) and e.upper().startswith(_MIG_PREFIX) for e in entries)
+    with_mig = entries is not None and any(
+        isinstance(e, str) and e.upper().startswith(_MIG_PREFIX) for e in entries
+    )
     known = _inventory(backend, with_mig)
     chosen = [k for k in known if not k.is_mig] if entries is None else _resolve_entries(entries, known)
     devices = [

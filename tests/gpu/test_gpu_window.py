@@ -1,0 +1,58 @@
+"""The O(1) window statistics agree with a brute-force scan, across ring wrap-around."""
+
+from __future__ import annotations
+
+import random
+
+from llmtrace.gpu._window import Column, Series, Timeline
+
+
+def test_column_mean_and_max_match_brute_force_over_every_retained_window() -> None:
+    """mean(a..b) and max(a..b) equal a direct computation for all windows still held,
+    after the ring has wrapped several times."""
+    rng = random.Random(7)
+    cap = 16
+    col = Column(cap)
+    values = [rng.uniform(0, 100) for _ in range(5 * cap + 3)]
+    for i, v in enumerate(values):
+        col.append(i, v, v)
+    last = len(values) - 1
+    for a in range(last - cap + 1, last + 1):
+        for b in range(a, last + 1):
+            window = values[a : b + 1]
+            assert abs(sum(window) / len(window) - col.mean(a, b)) < 1e-9
+            assert max(window) == col.max(a, b)
+
+
+def test_column_keeps_separate_mean_and_max_inputs() -> None:
+    """A group column averages one input and takes the maximum of the other."""
+    col = Column(8)
+    col.append(0, 10.0, 30.0)
+    col.append(1, 20.0, 25.0)
+    assert col.mean(0, 1) == 15.0
+    assert col.max(0, 1) == 30.0
+
+
+def test_timeline_window_and_nearest() -> None:
+    """Samples inside [start, end] are found by bisection; nearest picks the closer neighbour."""
+    tl = Timeline(4)
+    for t in (100, 200, 300, 400, 500, 600):
+        tl.append(t)
+    assert tl.window(350, 550) == (3, 4)
+    assert tl.oldest == 2  # capacity 4: indices 2..5 retained
+    assert tl.window(0, 420) == (2, 3)  # clipped to what the ring still holds
+    assert tl.nearest(520) == 4
+    assert tl.nearest(10_000) == 5
+
+
+def test_series_energy_interpolates_and_extrapolates_within_slack() -> None:
+    """Cumulative energy is linear between samples and extrapolated with the last power
+    reading for at most the allowed slack."""
+    series = Series(8)
+    series.last_power_w = 100.0
+    series.append(1_000, {}, {}, 0.0)
+    series.append(2_000, {}, {}, 10.0)
+    assert series.energy_at(1_500, 0) == 5.0
+    assert abs(10.0 + 100.0 * 500 / 1e9 - (series.energy_at(2_500, 1_000) or 0)) < 1e-12
+    assert series.energy_at(5_000, 1_000) is None
+    assert series.energy_at(500, 1_000) is None
