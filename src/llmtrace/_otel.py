@@ -92,13 +92,11 @@ def _otlp_endpoint(settings: Settings, signal: str) -> str | None:
     return endpoint
 
 
-def _span_exporter(settings: Settings) -> tuple[SpanExporter | None, str]:
-    if settings.exporter == "none":
-        return None, "none"
-    if settings.exporter == "console":
+def _span_exporter(settings: Settings, kind: str) -> tuple[SpanExporter, str]:
+    if kind == "console":
         return ConsoleSpanExporter(out=sys.stderr), "console"
-    if (path := settings.export_file) is not None:
-        return JsonLinesSpanExporter(open_sink(path)), path
+    if kind.startswith("file:"):
+        return JsonLinesSpanExporter(open_sink(kind[5:])), kind[5:]
     endpoint = _otlp_endpoint(settings, "traces")
     headers = settings.headers or None
     if settings.protocol == "grpc":
@@ -111,13 +109,11 @@ def _span_exporter(settings: Settings) -> tuple[SpanExporter | None, str]:
     return Http(endpoint=endpoint, headers=headers, timeout=5), endpoint or "otlp"
 
 
-def _metric_exporter(settings: Settings) -> MetricExporter | None:
-    if settings.exporter == "none" or not settings.metrics:
-        return None
-    if settings.exporter == "console":
+def _metric_exporter(settings: Settings, kind: str) -> MetricExporter:
+    if kind == "console":
         return ConsoleMetricExporter(out=sys.stderr)
-    if (path := settings.export_file) is not None:
-        return JsonLinesMetricExporter(open_sink(path))
+    if kind.startswith("file:"):
+        return JsonLinesMetricExporter(open_sink(kind[5:]))
     endpoint = _otlp_endpoint(settings, "metrics")
     headers = settings.headers or None
     if settings.protocol == "grpc":
@@ -147,10 +143,10 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     host_mp = _host_provider(metrics.get_meter_provider(), MeterProvider)
     processors: list[SpanProcessor] = []
     if host_tp is None or explicit_exporter:
-        exporter, name = _span_exporter(settings)
-        if exporter is not None:
+        for kind in settings.exporters:
+            exporter, name = _span_exporter(settings, kind)
             processor: SpanProcessor
-            if settings.exporter == "console":
+            if kind == "console":
                 processor = SimpleSpanProcessor(exporter)
             else:
                 processor = BoundedSpanProcessor(exporter, drops, settings.max_queue_size, name)
@@ -168,10 +164,10 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     readers: list[MetricReader] = []
     meter_provider: Any = host_mp
     if host_mp is None:
-        metric_exporter = _metric_exporter(settings)
-        if metric_exporter is not None:
+        for kind in settings.exporters if settings.metrics else []:
             interval_ms = settings.metrics_interval_s * 1000
-            readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=interval_ms))
+            readers.append(PeriodicExportingMetricReader(_metric_exporter(settings, kind),
+                                                         export_interval_millis=interval_ms))
         meter_provider = MeterProvider(resource=resource_for(settings), metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
     return Providers(

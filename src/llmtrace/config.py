@@ -98,9 +98,13 @@ def _number(kind: type, low: float, high: float) -> Callable[[str, Any], Any]:
 
 def _exporter(name: str, value: Any) -> str:
     text = _str(name, value)
-    if text in ("otlp", "console", "none", "file") or (text.startswith("file:") and len(text) > 5):
-        return text
-    raise ConfigError(f"{name}: {value!r} is not one of otlp, file:PATH, file, console, none")
+    for item in text.split(","):
+        item = item.strip()
+        if item in ("otlp", "console", "none", "file") or (item.startswith("file:") and len(item) > 5):
+            continue
+        raise ConfigError(f"{name}: {item!r} is not one of otlp, file:PATH, file, console, none "
+                          "(several may be joined with commas, e.g. file,otlp)")
+    return text
 
 
 def _integrations(name: str, value: Any) -> tuple[str, ...] | None:
@@ -139,8 +143,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("headers", _headers, {}, "Headers sent with every OTLP export, `k1=v1,k2=v2`.",
            "OTEL_EXPORTER_OTLP_HEADERS"),
     Option("exporter", _exporter, None,
-           "`otlp`, `file:PATH` (OTLP-JSON lines), `file` (the default path), `console` or `none`. "
-           "Default: `otlp` when an endpoint is set, else `file`."),
+           "`otlp`, `file:PATH` (OTLP-JSON lines), `file` (the default path), `console` or `none`; "
+           "several joined by commas (`file,otlp`). Default: `otlp` when an endpoint is set, else `file`."),
     Option("file_path", _str, DEFAULT_FILE_PATH, "Path of the embedded default OTLP-JSON-lines file."),
     Option("sample_ratio", _number(float, 0.0, 1.0), 1.0,
            "Share of request traces recorded (parent-based: a sampled caller is always honoured).",
@@ -202,13 +206,16 @@ class Settings:
         return self.integrations is None or name in self.integrations
 
     @property
+    def exporters(self) -> list[str]:
+        """Each exporter: ``otlp``, ``console`` or ``file:PATH`` (``none`` is left out)."""
+        items = [item.strip() for item in self.exporter.split(",")]
+        return [f"file:{self.file_path}" if item == "file" else item for item in items if item != "none"]
+
+    @property
     def export_file(self) -> str | None:
         """The OTLP-JSON-lines path when exporting to a file, else None."""
-        if self.exporter == "file":
-            return self.file_path
-        if self.exporter.startswith("file:"):
-            return self.exporter[5:]
-        return None
+        files = [item[5:] for item in self.exporters if item.startswith("file:")]
+        return files[0] if files else None
 
 
 assert {f.name for f in fields(Settings)} == set(_BY_NAME), "Settings and OPTIONS must list the same names"
