@@ -36,6 +36,7 @@ class SimConfig:
     sample_ms: float = 0.1
     service: str = "llmtrace-sim"
     engine_id: str = "dp0"
+    t0_ns: int = _T0  # fixed by default so outputs are reproducible; tests that ship to Jaeger use "now"
 
 
 @dataclass
@@ -124,9 +125,9 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
     """Yield OTLP ``ExportTraceServiceRequest`` dicts: one per engine window, one per request."""
     rng = random.Random(cfg.seed)
     ids = _Ids(rng)
-    end_t = _T0 + int(cfg.duration_s * 1e9)
+    end_t = cfg.t0_ns + int(cfg.duration_s * 1e9)
     arrivals: list[_Req] = []
-    t = _T0
+    t = cfg.t0_ns
     rid = 0
     while True:
         t += int(rng.expovariate(cfg.arrival_rate) * 1e9)
@@ -138,7 +139,7 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
         rid += 1
     waiting: list[_Req] = []
     running: list[_Req] = []
-    now = _T0
+    now = cfg.t0_ns
     step_id = 0
     window: list[dict[str, Any]] = []
     win_trace, win_span, win_start = ids.trace(), ids.span(), now

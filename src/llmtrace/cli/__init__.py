@@ -102,9 +102,10 @@ def _add_demo(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the reference server traced, with load, then analyse",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="example:\n  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html\n")
-    p.add_argument("--duration-s", type=float, default=20.0, help="load duration in seconds (default 20)")
+    p.add_argument("--duration-s", type=float, default=40.0,
+                   help="load duration in seconds (default 40: about a minute in all on 2 cores)")
     p.add_argument("--requests", type=int, default=None, help="stop after this many requests")
-    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients (default 8)")
+    p.add_argument("--concurrency", type=int, default=32, help="most requests in flight at once (default 32)")
     p.add_argument("--output", metavar="PATH", default=None, help="trace file to write (OTLP JSON lines)")
     p.add_argument("--no-analysis", action="store_true", help="only produce traces")
     p.add_argument("--html", metavar="PATH", help="write the HTML report")

@@ -18,13 +18,14 @@ from llmtrace.errors import LLMTraceError, SourceError
 
 
 def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    since_arg, until_arg = getattr(args, "since", None), getattr(args, "until", None)
     try:
-        since = parse_time(args.since) if args.since else None
-        until = parse_time(args.until) if args.until else None
+        since = parse_time(since_arg) if since_arg else None
+        until = parse_time(until_arg) if until_arg else None
     except ValueError as exc:
         raise LLMTraceError(str(exc)) from None
     if since is not None and until is not None and since >= until:
-        raise LLMTraceError(f"--since ({args.since}) is not before --until ({args.until})")
+        raise LLMTraceError(f"--since ({since_arg}) is not before --until ({until_arg})")
     return since, until
 
 
