@@ -144,7 +144,10 @@ class JaegerSource:
                 "query.service_name": service,
                 "query.start_time_min": rfc3339(a),
                 "query.start_time_max": rfc3339(b),
+                # Jaeger >= 1.6x reads search_depth; older v3 gateways read num_traces. Both are
+                # sent: the handler ignores parameters it does not know.
                 "query.search_depth": self.limit,
+                "query.num_traces": self.limit,
             }
         else:
             path = "/api/traces"
