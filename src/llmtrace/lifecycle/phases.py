@@ -102,7 +102,13 @@ def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -
     if rec.prompt_tokens is not None:
         attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = rec.prompt_tokens
     attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] = rec.output_tokens
-    attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish_reason or semconv.FINISH_STOP]
+    # An adapter that knows one reason per sequence (a batched generate()) leaves them in
+    # rec.attributes; an abort or error overrides them.
+    per_sequence = rec.attributes.get(semconv.GEN_AI_RESPONSE_FINISH_REASONS)
+    if per_sequence and rec.finish_reason not in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = list(per_sequence)
+    else:
+        attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [rec.finish_reason or semconv.FINISH_STOP]
     attrs[semconv.LLM_REQUEST_FINISH_REASON] = rec.finish_reason or semconv.FINISH_STOP
     if rec.detokenize_ns:
         attrs[semconv.LLM_DETOKENIZE_TOTAL_S] = rec.detokenize_ns * NS
@@ -148,7 +154,7 @@ def build_request_spans(rec: RequestHandle, tracer: trace.Tracer, settings: Sett
     parent = rec.context()
     for start, end, tokens in rec.tokenize:
         _child(tracer, parent, semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
-    if rec.summary_in is not None:
+    if rec.remote_phases:
         phases = Phases([], None, None, 0)
     for index, (start, end) in enumerate(phases.queues):
         _child(tracer, parent, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})

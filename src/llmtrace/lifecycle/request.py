@@ -42,6 +42,7 @@ from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
 from llmtrace.lifecycle.phases import build_request_spans
 from llmtrace.lifecycle.propagation import extract
+from llmtrace.lifecycle.scope import current_scope
 
 log = logging.getLogger("llmtrace")
 
@@ -73,6 +74,7 @@ class RequestHandle:
         "prompt_tokens",
         "queued_ns",
         "recording",
+        "remote_phases",
         "request_id",
         "scheduled_ns",
         "span",
@@ -116,6 +118,7 @@ class RequestHandle:
         self.error: BaseException | None = None
         self.completion: str | None = None
         self.summary_in: dict[str, Any] | None = None
+        self.remote_phases = False
         self._token: contextvars.Token[RequestHandle | None] | None = None
 
     # ----------------------------------------------------------------- hot path events
@@ -192,6 +195,13 @@ class RequestHandle:
     def engine_summary(self, summary: Mapping[str, Any]) -> None:
         """Attach phase timings measured by an engine in another process (see :meth:`summary`)."""
         self.summary_in = dict(summary)
+        self.remote_phases = True
+
+    def handed_to_engine(self) -> None:
+        """The request went to an engine in another process, which emits its queue/prefill/decode
+        spans; this side must not derive its own (also when the request is aborted before the
+        engine reports back)."""
+        self.remote_phases = True
 
     def summary(self) -> dict[str, Any]:
         """Durations (never timestamps) an engine sends back to the server that owns ``llm.request``."""
@@ -292,8 +302,13 @@ def start_request(
         recording = span.is_recording()
     else:
         recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
-    return RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
-                         recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text)
+    handle = RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
+                           recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text)
+    # A request opened while a network handler serves a call belongs to that call:
+    # a client disconnect ends it as ``abort`` (see lifecycle/scope.py).
+    if owns_span and (scope := current_scope()) is not None:
+        scope.register(handle)
+    return handle
 
 
 def mark_error(span: Span, error: BaseException) -> None:

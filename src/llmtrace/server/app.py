@@ -19,6 +19,7 @@ from typing import Any
 
 from starlette.requests import Request  # module level: FastAPI resolves handler annotations here
 
+from llmtrace.lifecycle.clock import monotonic_ns
 from llmtrace.server.client import EngineClient
 from llmtrace.server.engine import EngineConfig
 
@@ -77,9 +78,9 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
                                         stream=stream, operation="chat" if chat else "text_completion",
                                         prompt=prompt)
         with handle.activate():
-            start = time.monotonic_ns()
+            start = monotonic_ns()
             prompt_ids = tokenizer.encode(prompt)
-            handle.tokenized(len(prompt_ids), start, time.monotonic_ns())
+            handle.tokenized(len(prompt_ids), start, monotonic_ns())
         try:
             outputs = client.submit({"request_id": request_id, "prompt_ids": prompt_ids, "max_tokens": max_tokens,
                                      "temperature": body.get("temperature"), "top_p": body.get("top_p"),
@@ -87,6 +88,7 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
         except RuntimeError as exc:
             handle.aborted(exc)
             raise HTTPException(503, str(exc)) from exc
+        handle.handed_to_engine()
         events = _events(handle, outputs, client, tokenizer, request_id, chat)
         if stream:
             return StreamingResponse(_sse(events), media_type="text/event-stream")
@@ -143,9 +145,9 @@ async def _events(handle: Any, outputs: Any, client: EngineClient, tokenizer: An
             if message[0] == "token":
                 handle.token()
                 count += 1
-                start = time.monotonic_ns()
+                start = monotonic_ns()
                 piece = tokenizer.decode([message[2]])
-                handle.detokenized(time.monotonic_ns() - start)
+                handle.detokenized(monotonic_ns() - start)
                 yield piece, None
                 continue
             _, _, reason, summary = message

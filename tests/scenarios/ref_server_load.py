@@ -1,0 +1,83 @@
+"""A scenario run in its own process: the traced reference server under concurrent streaming clients.
+
+Prints one JSON line with the client outcomes and the engine's stats after the
+load (open requests, free KV blocks), so tests can check that aborted requests
+freed their slots. Usage: ``python ref_server_load.py OUT.jsonl [options]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+
+import httpx
+
+
+async def _client(base_url: str, index: int, max_tokens: int, disconnect: bool) -> dict[str, object]:
+    body = {"prompt": "the scheduler batches requests " * (2 + index % 5), "max_tokens": max_tokens, "stream": True}
+    started = time.monotonic()
+    first: float | None = None
+    chunks = 0
+    async with httpx.AsyncClient(timeout=120) as client, client.stream(
+        "POST", base_url + "/v1/completions", json=body, headers={"x-client": str(index)}
+    ) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunks += 1
+            if first is None:
+                first = time.monotonic() - started
+            if disconnect and chunks >= 2:
+                return {"index": index, "outcome": "disconnected", "chunks": chunks}
+    return {"index": index, "outcome": "ok", "chunks": chunks, "client_ttft_s": first}
+
+
+async def _wait_idle(base_url: str, timeout_s: float = 30.0) -> dict[str, object]:
+    async with httpx.AsyncClient(timeout=10) as client:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stats: dict[str, object] = (await client.get(base_url + "/stats")).json()
+            if stats["open_requests"] == 0 or time.monotonic() > deadline:
+                return stats
+            await asyncio.sleep(0.1)
+
+
+async def _load(base_url: str, clients: int, max_tokens: int, disconnects: int) -> dict[str, object]:
+    results = await asyncio.gather(*(_client(base_url, i, max_tokens, i < disconnects) for i in range(clients)))
+    return {"clients": results, "stats_after": await _wait_idle(base_url)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--clients", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--disconnects", type=int, default=1)
+    parser.add_argument("--engine", default="{}", help="EngineConfig overrides as JSON")
+    parser.add_argument("--exporter", default=None, help="llmtrace exporter (default file:OUT)")
+    parser.add_argument("--engine-clock-skew-ns", type=int, default=0,
+                        help="shift the engine process's monotonic clock (the API server's stays true)")
+    args = parser.parse_args()
+
+    import llmtrace
+
+    if args.engine_clock_skew_ns:
+        # Read by llmtrace's clock at import: this process imported it already, the
+        # engine process (spawned later, inheriting the environment) has not.
+        os.environ["LLMTRACE_TEST_CLOCK_SKEW_NS"] = str(args.engine_clock_skew_ns)
+
+    llmtrace.instrument(exporter=args.exporter or f"file:{args.out}", service_name="ref-server-test")
+    from llmtrace.server.app import create_app
+    from llmtrace.server.runner import ServerThread
+
+    with ServerThread(create_app(json.loads(args.engine))) as base_url:
+        result = asyncio.run(_load(base_url, args.clients, args.max_tokens, args.disconnects))
+    llmtrace.shutdown(timeout_s=10)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
