@@ -144,8 +144,8 @@ class JaegerSource:
                 "query.service_name": service,
                 "query.start_time_min": rfc3339(a),
                 "query.start_time_max": rfc3339(b),
-                # Jaeger >= 1.6x reads search_depth; older v3 gateways read num_traces. Both are
-                # sent: the handler ignores parameters it does not know.
+                # Jaeger v2 (1.76) needs num_traces and rejects search_depth alone ("search depth
+                # must be greater than 0 and less than max traces"); both are sent, as its UI does.
                 "query.search_depth": self.limit,
                 "query.num_traces": self.limit,
             }
