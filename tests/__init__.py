@@ -1,0 +1,1 @@
+"""llmtrace tests. A package so that `tests.<helper>` imports work under plain `pytest`."""
