@@ -104,23 +104,37 @@ class StepRecord:
               waiting: int | None = None, running: int | None = None,
               kv_cache_usage: float | None = None, preempted: int = 0) -> None:
         """The requests in this step's batch, and the batch's numbers."""
-        tracker = self.engine.tracker
+        # Inlined RequestHandle.scheduled(): this loop runs for every request in every step.
+        open_requests = self.engine.tracker._open
+        step_id, start, handles = self.step_id, self.start_ns, self.handles
         for request_id in request_ids:
-            handle = tracker._open.get(request_id)
+            handle = open_requests.get(request_id)
             if handle is None:
-                tracker.get(request_id)  # logs the unknown id once
+                self.engine.tracker.get(request_id)  # logs the unknown id once
                 continue
-            handle.scheduled(self.step_id, self.start_ns)
-            self.handles.append(handle)
+            if handle.finish_ns is None:
+                if len(handle.scheduled_ns) < max(1, len(handle.queued_ns)):
+                    handle.scheduled_ns.append(start)
+                handle.steps.append(step_id)
+            handles.append(handle)
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
         self.waiting, self.running = waiting, running
         self.kv_cache_usage = kv_cache_usage
         self.preempted += preempted
 
-    def tokens(self, request_ids: Iterable[str]) -> None:
-        """Each of these requests produced one output token in this step."""
-        self.engine.tracker.tokens(request_ids, monotonic_ns())
+    def tokens(self, request_ids: Iterable[str] | None = None) -> None:
+        """Each of these requests (default: the whole batch) produced one output token now."""
+        now = monotonic_ns()
+        if request_ids is None:
+            handles: Iterable[RequestHandle | None] = self.handles
+        else:
+            open_requests = self.engine.tracker._open
+            handles = [open_requests.get(request_id) for request_id in request_ids]
+        for handle in handles:  # inlined RequestHandle.token(1)
+            if handle is not None and handle.finish_ns is None:
+                handle.token_ns.append(now)
+                handle.output_tokens += 1
 
     def set(self, key: str, value: Any) -> None:
         """Any further attribute for the ``llm.step`` span."""

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Analyzer throughput and memory on a generated span set (target: >= 200k spans/s, <= 1 KB/span).
+
+    python benchmarks/bench_analyzer.py                  # 1M spans (generated once, cached)
+    python benchmarks/bench_analyzer.py --spans 200000   # scaled down
+    python benchmarks/bench_analyzer.py --json           # one JSON line for CI dashboards
+
+The span set is the simulated server of ``llmtrace.analysis.synthetic`` written as OTLP
+JSON lines (what the file exporter produces): request traces (SERVER, llm.request, four
+phases) and engine windows (llm.engine, llm.step with batch links, schedule / forward /
+sample / postprocess, gc). Throughput is CPU time of this process (``time.process_time``)
+for parse + model build + every analyzer, i.e. one core. Memory is what ``tracemalloc``
+sees held by the built model after the read, divided by the span count; it is measured in
+a second pass because tracing allocations slows the run several-fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+
+from llmtrace.analysis import analyze, build_traceset
+from llmtrace.analysis.sources import load_spans
+from llmtrace.analysis.synthetic import SimConfig, write_jsonl
+
+#: Spans the simulation emits per simulated second at the default load (measured).
+_SPANS_PER_SIM_S = 1030
+
+
+def dataset(spans: int, directory: str) -> tuple[str, int]:
+    duration = max(1.0, spans / _SPANS_PER_SIM_S)
+    path = os.path.join(directory, f"llmtrace-bench-{int(duration)}s.jsonl")
+    count_path = path + ".count"
+    if not (os.path.exists(path) and os.path.exists(count_path)):
+        n = write_jsonl(path, SimConfig(duration_s=duration, arrival_rate=20, seed=11))
+        with open(count_path, "w") as fh:
+            fh.write(str(n))
+    with open(count_path) as fh:
+        return path, int(fh.read())
+
+
+def throughput(path: str) -> dict[str, float]:
+    gc.collect()
+    t0 = time.process_time()
+    loaded = load_spans(path)
+    t1 = time.process_time()
+    ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    t2 = time.process_time()
+    analyze(ts, source=path)
+    t3 = time.process_time()
+    n = len(loaded.spans)
+    return {"spans": n, "parse_s": t1 - t0, "build_s": t2 - t1, "analyze_s": t3 - t2,
+            "spans_per_s": n / (t3 - t0), "parse_spans_per_s": n / (t1 - t0)}
+
+
+def memory(path: str) -> dict[str, float]:
+    gc.collect()
+    tracemalloc.start()
+    loaded = load_spans(path)
+    ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    del loaded
+    gc.collect()
+    held, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    n = ts.span_count
+    return {"held_bytes": held, "peak_bytes": peak, "bytes_per_span": held / n, "peak_bytes_per_span": peak / n}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spans", type=int, default=1_000_000, help="approximate span count (default 1M)")
+    parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the generated set is cached")
+    parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument("--no-memory", action="store_true", help="skip the (slow) tracemalloc pass")
+    args = parser.parse_args()
+    path, n = dataset(args.spans, args.dir)
+    result: dict[str, float | str] = {"dataset": path, "file_bytes": os.path.getsize(path)}
+    result.update(throughput(path))
+    if not args.no_memory:
+        result.update(memory(path))
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"dataset        {path}: {n:,} spans, {result['file_bytes'] / 1e6:.0f} MB")
+    print(f"parse          {result['parse_s']:.2f} s  ({result['parse_spans_per_s']:,.0f} spans/s)")
+    print(f"build model    {result['build_s']:.2f} s")
+    print(f"analyze        {result['analyze_s']:.2f} s")
+    ok = "ok" if result["spans_per_s"] >= 200_000 else "BELOW TARGET"
+    print(f"throughput     {result['spans_per_s']:,.0f} spans/s on one core (target >= 200,000: {ok})")
+    if "bytes_per_span" in result:
+        ok = "ok" if result["bytes_per_span"] <= 1024 else "ABOVE TARGET"
+        print(f"memory held    {result['bytes_per_span']:.0f} B/span (target <= 1024: {ok}); "
+              f"peak while parsing {result['peak_bytes_per_span']:.0f} B/span")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
