@@ -1,0 +1,82 @@
+"""Options, environment variables and their validation (src/llmtrace/config.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from llmtrace.config import OPTIONS, ConfigError, markdown_table, resolve
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def test_every_option_has_an_environment_variable_named_after_it() -> None:
+    """Option ``exporter`` <-> ``LLMTRACE_EXPORTER``, and so on for every option."""
+    for option in OPTIONS:
+        assert "LLMTRACE_" + option.name.upper() == option.env
+
+
+def test_keyword_beats_llmtrace_env_beats_otel_env() -> None:
+    """Precedence: kwargs, then LLMTRACE_*, then OTEL_*, then the default."""
+    env = {"LLMTRACE_SERVICE_NAME": "from-llmtrace", "OTEL_SERVICE_NAME": "from-otel"}
+    assert "from-kwarg" == resolve({"service_name": "from-kwarg"}, env).service_name
+    assert "from-llmtrace" == resolve({}, env).service_name
+    assert "from-otel" == resolve({}, {"OTEL_SERVICE_NAME": "from-otel"}).service_name
+    assert "llm-service" == resolve({}, {}).service_name
+
+
+def test_standard_otel_variables_are_honoured() -> None:
+    """Endpoint, protocol, headers and the sampler come from the OTEL_* variables."""
+    settings = resolve({}, {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret,tenant=a",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+    })
+    assert "http://collector:4318" == settings.endpoint
+    assert "http/protobuf" == settings.protocol
+    assert {"api-key": "secret", "tenant": "a"} == settings.headers
+    assert 0.25 == settings.sample_ratio
+    assert "otlp" == settings.exporter  # an endpoint and no exporter: OTLP
+
+
+def test_no_endpoint_means_the_embedded_file() -> None:
+    """With no endpoint configured the default exporter is the OTLP-JSON-lines file."""
+    settings = resolve({}, {})
+    assert "file" == settings.exporter
+    assert "llmtrace-traces.jsonl" == settings.export_file
+
+
+def test_several_exporters_can_be_combined() -> None:
+    """``file:PATH,otlp`` exports to both."""
+    settings = resolve({"exporter": "file:/tmp/x.jsonl,otlp"}, {})
+    assert ["file:/tmp/x.jsonl", "otlp"] == settings.exporters
+    assert "/tmp/x.jsonl" == settings.export_file
+
+
+@pytest.mark.parametrize(("options", "env", "message"), [
+    ({"servce_name": "x"}, {}, r"unknown option 'servce_name' \(allowed: .*service_name"),
+    ({"protocol": "udp"}, {}, r"protocol: 'udp' is not one of grpc, http/protobuf"),
+    ({}, {"LLMTRACE_PROTOCOL": "udp"}, r"LLMTRACE_PROTOCOL: 'udp' is not one of grpc, http/protobuf"),
+    ({}, {"LLMTRACE_SAMPLE_RATIO": "1.5"}, r"LLMTRACE_SAMPLE_RATIO: '1.5' is outside the allowed range \[0.0, 1.0\]"),
+    ({}, {"LLMTRACE_CAPTURE_CONTENT": "maybe"}, r"LLMTRACE_CAPTURE_CONTENT: 'maybe' is not a boolean"),
+    ({"exporter": "kafka"}, {}, r"exporter: 'kafka' is not one of otlp, file:PATH, file, console, none"),
+    ({"integrations": "torch,tensorflow"}, {}, r"unknown integration 'tensorflow' \(known: tokenizers"),
+    ({}, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, r"OTEL_TRACES_SAMPLER: 'jaeger_remote' is not one of"),
+    ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, r"'novalue' is not key=value"),
+])
+def test_bad_input_names_the_option_and_the_allowed_values(options: dict[str, str], env: dict[str, str],
+                                                           message: str) -> None:
+    """One clear error naming the option (or variable) and what is allowed."""
+    with pytest.raises(ConfigError, match=message):
+        resolve(options, env)
+
+
+def test_configuration_doc_lists_every_option() -> None:
+    """docs/configuration.md carries the generated table (regenerate: python -m llmtrace.config)."""
+    text = DOCS.read_text()
+    assert markdown_table() in text
+    assert set(re.findall(r"`(LLMTRACE_[A-Z_]+)`", text)) >= {o.env for o in OPTIONS}

@@ -1,0 +1,108 @@
+"""The engine timeline: windows, steps, phases, links, sampling and gc spans."""
+
+from __future__ import annotations
+
+import gc
+
+from llmtrace import EngineTracer, semconv
+from tests.core.conftest import Captured
+
+
+def _run_steps(engine: EngineTracer, ids: list[str], steps: int) -> None:
+    for _ in range(steps):
+        with engine.step() as step:
+            with step.phase("schedule"):
+                pass
+            step.batch(ids, decode_tokens=len(ids), waiting=0, running=len(ids), kv_cache_usage=0.25)
+            with step.phase("forward"):
+                pass
+            step.tokens()
+
+
+def test_windows_close_after_n_steps_and_hold_their_steps(runtime_with: object) -> None:
+    """engine_window_steps=4 and 10 steps: windows of 4, 4 and 2 steps, each step under its window."""
+    captured: Captured = runtime_with(engine_window_steps=4, engine_window_s=3600)  # type: ignore[operator]
+    engine = EngineTracer("dp0")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 10)
+    engine.flush_window()
+    windows = captured.named(semconv.SPAN_ENGINE)
+    steps = captured.named(semconv.SPAN_STEP)
+    assert [4, 4, 2] == sorted((w.attributes[semconv.LLM_ENGINE_WINDOW_STEPS] for w in windows), reverse=True)
+    assert list(range(10)) == sorted(s.attributes[semconv.LLM_STEP_ID] for s in steps)
+    window_ids = {w.context.span_id for w in windows}
+    assert all(s.parent.span_id in window_ids for s in steps)
+    assert all("dp0" == s.attributes[semconv.LLM_ENGINE_ID] for s in steps)
+    forwards = captured.named(semconv.SPAN_FORWARD)
+    assert 10 == len(forwards) and all("dp0" == f.attributes[semconv.LLM_ENGINE_ID] for f in forwards)
+
+
+def test_step_links_point_at_the_requests_and_are_capped(runtime_with: object) -> None:
+    """Each step links to its requests' spans, at most max_links of them; batch size stays exact."""
+    captured: Captured = runtime_with(max_links=2)  # type: ignore[operator]
+    engine = EngineTracer("dp1")
+    ids = ["r0", "r1", "r2"]
+    for rid in ids:
+        engine.tracker.add(rid)
+    _run_steps(engine, ids, 1)
+    for rid in ids:
+        engine.tracker.finished(rid)
+    engine.flush_window()
+    (step,) = captured.named(semconv.SPAN_STEP)
+    requests = {s.context.span_id: s for s in captured.named(semconv.SPAN_REQUEST)}
+    assert 3 == step.attributes[semconv.LLM_BATCH_SIZE]
+    assert 2 == len(step.links)
+    for link in step.links:
+        assert link.context.span_id in requests
+        assert 0 == link.attributes[semconv.LLM_STEP_ID]
+
+
+def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: object) -> None:
+    """engine_sample_ratio=0: no llm.engine/llm.step spans; the batch-size histogram still counts steps."""
+    captured: Captured = runtime_with(engine_sample_ratio=0.0, engine_window_steps=2)  # type: ignore[operator]
+    engine = EngineTracer("dp2")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 4)
+    engine.flush_window()
+    assert [] == captured.named(semconv.SPAN_STEP)
+    assert [] == captured.named(semconv.SPAN_ENGINE)
+    batch = captured.metrics()[semconv.METRIC_BATCH_SIZE].data.data_points[0]
+    assert 4 == batch.count
+
+
+def test_sampled_window_keeps_every_step(runtime_with: object) -> None:
+    """With request sampling at 0, engine windows (sampled by their own ratio) are still whole."""
+    captured: Captured = runtime_with(sample_ratio=0.0, engine_sample_ratio=1.0,  # type: ignore[operator]
+                                      engine_window_steps=5)
+    engine = EngineTracer("dp3")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 5)
+    assert 5 == len(captured.named(semconv.SPAN_STEP))
+    assert [] == captured.named(semconv.SPAN_REQUEST)
+
+
+def test_gc_pause_inside_a_window_becomes_an_llm_gc_span(runtime_with: object) -> None:
+    """A collection while a window is open is recorded as llm.gc under llm.engine."""
+    captured: Captured = runtime_with(engine_window_steps=100)  # type: ignore[operator]
+    engine = EngineTracer("dp4")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 1)
+    gc.collect()
+    _run_steps(engine, ["a"], 1)
+    engine.flush_window()
+    gcs = captured.named(semconv.SPAN_GC)
+    (window,) = captured.named(semconv.SPAN_ENGINE)
+    assert gcs and all(g.parent.span_id == window.context.span_id for g in gcs)
+    assert any(2 == g.attributes[semconv.LLM_GC_GENERATION] for g in gcs)
+
+
+def test_request_phases_follow_step_membership(captured: Captured) -> None:
+    """A request in steps 0..3 gets first/last step ids and decode steps from membership."""
+    engine = EngineTracer("dp5")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 4)
+    summary = engine.tracker.finished("a", "length")
+    assert (0, 3, 3) == (summary["first_step"], summary["last_step"], summary["decode_steps"])
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert {semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= {
+        s.name for s in captured.spans() if s.parent is not None and s.parent.span_id == request.context.span_id}

@@ -1,0 +1,55 @@
+"""The embedded default exporter: OTLP/JSON lines that several processes can append to."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from llmtrace.analysis.sources import load_spans
+
+_EMIT = """
+import sys, llmtrace
+from opentelemetry import trace
+llmtrace.instrument(service_name=sys.argv[2], metrics=False, gpu="off")
+tracer = trace.get_tracer("t")
+for i in range(200):
+    with tracer.start_as_current_span("llm.request") as span:
+        span.set_attribute("i", i)
+        with tracer.start_as_current_span("llm.tokenize"):
+            pass
+llmtrace.shutdown()
+"""
+
+
+def _emit(path: Path, service: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "LLMTRACE_FILE_PATH": str(path)}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    return subprocess.Popen([sys.executable, "-c", _EMIT, str(path), service], env=env, text=True,
+                            stderr=subprocess.PIPE)
+
+
+def test_two_processes_append_whole_lines_in_otlp_json(tmp_path: Path) -> None:
+    """With no endpoint, spans go to the file; concurrent writers never interleave a line;
+    ids are hex as OTLP/JSON requires; the file path is announced once on stderr."""
+    path = tmp_path / "traces.jsonl"
+    procs = [_emit(path, "svc-a"), _emit(path, "svc-b")]
+    stderr = [p.communicate(timeout=120)[1] for p in procs]
+    assert [0, 0] == [p.returncode for p in procs]
+    assert all(1 == err.count(f"writing traces and metrics to {path}") for err in stderr)
+    count = 0
+    for line in path.read_text().splitlines():
+        document = json.loads(line)
+        for rs in document["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    assert re.fullmatch(r"[0-9a-f]{32}", span["traceId"])
+                    assert re.fullmatch(r"[0-9a-f]{16}", span["spanId"])
+                    count += 1
+    assert 800 == count
+    services = {s.service for s in load_spans(str(path)).spans}
+    assert {"svc-a", "svc-b"} == services
+

@@ -1,0 +1,155 @@
+"""The request lifecycle: events on the hot path -> phases, statistics and spans at the end."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from opentelemetry.trace import StatusCode
+
+from llmtrace import RequestTracker, semconv, start_request
+from llmtrace.lifecycle.propagation import extract
+from llmtrace.lifecycle.stats import token_timing
+from tests.core.conftest import Captured
+
+MS = 1_000_000
+
+
+def test_token_timing_known_answer() -> None:
+    """TTFT from arrival; TPOT = (last - first) / (n - 1); ITL percentiles over the gaps."""
+    timing = token_timing(0, [100 * MS, 110 * MS, 130 * MS, 160 * MS])
+    assert 0.1 == pytest.approx(timing.ttft_s)
+    assert 0.02 == pytest.approx(timing.tpot_s)
+    assert 0.02 == pytest.approx(timing.itl_mean_s)
+    assert 0.02 == pytest.approx(timing.itl_p50_s)
+    assert 0.03 == pytest.approx(timing.itl_max_s)
+    assert 0.0298 == pytest.approx(timing.itl_p99_s)
+
+
+def test_phases_from_events_with_a_preemption(captured: Captured) -> None:
+    """queue/prefill/decode come from the event times; a preemption adds a second llm.queue."""
+    handle = start_request("r1", model="m", arrival_ns=0)
+    handle.tokenized(5, 0, 1 * MS)
+    handle.queued(at_ns=1 * MS)
+    handle.scheduled(step_id=7, at_ns=4 * MS)
+    handle.token(at_ns=10 * MS)
+    handle.token(at_ns=20 * MS)
+    handle.preempted(at_ns=21 * MS)
+    handle.scheduled(step_id=9, at_ns=30 * MS)
+    handle.token(at_ns=40 * MS)
+    handle.finished("length", at_ns=41 * MS)
+    spans = {s.name: s for s in captured.spans() if s.name != semconv.SPAN_QUEUE}
+    queues = sorted(captured.named(semconv.SPAN_QUEUE), key=lambda s: s.start_time or 0)
+    assert [(1 * MS, 4 * MS), (21 * MS, 30 * MS)] == [
+        (q.start_time - spans[semconv.SPAN_REQUEST].start_time, q.end_time - spans[semconv.SPAN_REQUEST].start_time)
+        for q in queues]
+    request = spans[semconv.SPAN_REQUEST]
+    attrs = request.attributes or {}
+    assert 4 * MS == spans[semconv.SPAN_PREFILL].start_time - request.start_time
+    assert 10 * MS == spans[semconv.SPAN_PREFILL].end_time - request.start_time
+    assert 30 * MS == spans[semconv.SPAN_DECODE].end_time - spans[semconv.SPAN_DECODE].start_time
+    assert 1 == attrs[semconv.LLM_PREEMPTIONS]
+    assert 0.012 == pytest.approx(attrs[semconv.GEN_AI_LATENCY_TIME_IN_QUEUE])
+    assert 0.009 == pytest.approx(attrs[semconv.LLM_DECODE_STALL_S])
+    assert 0.01 == pytest.approx(attrs[semconv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN])
+    assert 0.041 == pytest.approx(attrs[semconv.GEN_AI_LATENCY_E2E])
+    assert (7, 9) == (attrs[semconv.LLM_STEP_FIRST_ID], attrs[semconv.LLM_STEP_LAST_ID])
+    assert 5 == attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    assert 3 == attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+    for child in (q for q in queues):
+        assert request.context.span_id == child.parent.span_id
+
+
+def test_request_span_is_a_child_of_the_carrier(captured: Captured) -> None:
+    """Given a traceparent, llm.request joins that trace as a child of the caller's span."""
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    start_request("r2", carrier=carrier).finished()
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert 0x0AF7651916CD43DD8448EB211C80319C == request.context.trace_id
+    assert 0xB7AD6B7169203331 == request.parent.span_id
+
+
+def test_abort_and_error_end_the_request_with_error_status(captured: Captured) -> None:
+    """A disconnect ends as abort, an exception as error with its type; both are status ERROR."""
+    start_request("gone").aborted()
+    start_request("boom").aborted(ValueError("bad"))
+    spans = {s.attributes[semconv.LLM_REQUEST_ID]: s for s in captured.named(semconv.SPAN_REQUEST)}
+    assert "abort" == spans["gone"].attributes[semconv.LLM_REQUEST_FINISH_REASON]
+    assert StatusCode.ERROR == spans["gone"].status.status_code
+    assert "error" == spans["boom"].attributes[semconv.LLM_REQUEST_FINISH_REASON]
+    assert "ValueError" == spans["boom"].status.description
+    assert any(e.name == "exception" for e in spans["boom"].events)
+
+
+def test_context_manager_ends_the_request_on_exception(captured: Captured) -> None:
+    """``with start_request(...)``: the host's exception propagates untouched and ends the request as error."""
+    with pytest.raises(KeyError), start_request("cm"):
+        raise KeyError("host bug")
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert "error" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
+
+
+def test_events_after_the_end_are_ignored(captured: Captured) -> None:
+    """A late token or a second finish changes nothing."""
+    handle = start_request("late", arrival_ns=0)
+    handle.token(at_ns=MS)
+    handle.finished(at_ns=2 * MS)
+    handle.token(at_ns=3 * MS)
+    handle.finished("length", at_ns=4 * MS)
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert 1 == request.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+    assert "stop" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
+
+
+def test_unknown_request_id_is_logged_once_and_ignored(captured: Captured,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The tracker never raises into the engine loop for an id it never saw."""
+    tracker = RequestTracker()
+    with caplog.at_level(logging.WARNING, logger="llmtrace"):
+        tracker.scheduled("nope", 1)
+        tracker.preempted("nope")
+        tracker.tokens(["nope"])
+        assert {} == tracker.finished("nope")
+    assert 1 == sum("never saw" in r.getMessage() for r in caplog.records)
+
+
+def test_malformed_carrier_starts_a_new_trace(captured: Captured, caplog: pytest.LogCaptureFixture) -> None:
+    """A garbage traceparent is ignored with one warning; the request still gets a span."""
+    with caplog.at_level(logging.WARNING, logger="llmtrace"):
+        assert not extract({"traceparent": "garbage"})
+        start_request("bad-carrier", carrier={"traceparent": "not-a-traceparent"}).finished()
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert request.parent is None
+    assert any("malformed trace carrier" in r.getMessage() for r in caplog.records)
+
+
+def test_serving_metrics_are_recorded_from_the_same_records(captured: Captured) -> None:
+    """TTFT, request duration and token histograms come from finished requests."""
+    handle = start_request("m1", prompt_tokens=3, arrival_ns=0)
+    handle.token(at_ns=50 * MS)
+    handle.token(at_ns=60 * MS)
+    handle.finished(at_ns=61 * MS)
+    metrics = captured.metrics()
+    ttft = metrics[semconv.METRIC_TTFT].data.data_points[0]
+    assert 1 == ttft.count and 0.05 == pytest.approx(ttft.sum)
+    assert 1 == metrics[semconv.METRIC_REQUEST_DURATION].data.data_points[0].count
+    assert list(semconv.TTFT_BUCKETS) == list(ttft.explicit_bounds)
+
+
+def test_capture_content_is_off_by_default_and_truncates_when_on(runtime_with: object) -> None:
+    """Prompt text is recorded only with capture_content=True, cut to capture_content_max_chars."""
+    captured = runtime_with()  # type: ignore[operator]
+    start_request("quiet", prompt="secret prompt").finished(completion="secret answer")
+    captured = runtime_with(capture_content=True, capture_content_max_chars=6)  # type: ignore[operator]
+    start_request("loud", prompt="secret prompt").finished(completion="secret answer")
+    (loud,) = captured.named(semconv.SPAN_REQUEST)
+    assert "secret" == loud.attributes[semconv.GEN_AI_PROMPT]
+    assert "secret" == loud.attributes[semconv.GEN_AI_COMPLETION]
+
+
+def test_no_content_without_opt_in(captured: Captured) -> None:
+    """Default settings: neither prompt nor completion appear on the span."""
+    start_request("quiet", prompt="secret prompt").finished(completion="secret answer")
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert semconv.GEN_AI_PROMPT not in request.attributes
+    assert semconv.GEN_AI_COMPLETION not in request.attributes
