@@ -13,16 +13,17 @@ from typing import Any
 
 import pytest
 import yaml
+
+from llmtrace import semconv
 from tests.stack.binaries import REPO_ROOT, build_gateway_collector, build_jaeger
 from tests.stack.run_app import run_app
 from tests.stack.stack import TEST_SAMPLING, GatewayStack, OtelStack, by_trace
-
-from llmtrace import semconv
 
 COLLECTOR = REPO_ROOT / "collector" / "otel-collector.yaml"
 JAEGER = REPO_ROOT / "collector" / "jaeger.yaml"
 GATEWAY_TIER1 = REPO_ROOT / "collector" / "gateway" / "tier1-loadbalancer.yaml"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
+GATEWAY_COMPOSE = REPO_ROOT / "collector" / "gateway" / "docker-compose.yml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "dashboards" / "llmtrace.json"
 
 #: Component types of otelcol-contrib (distributions/otelcol-contrib/manifest.yaml in
@@ -193,12 +194,17 @@ def test_compose_images_match_the_versions_the_tests_build() -> None:
     assert f"jaegertracing/jaeger:{jaeger_tag}" == services["jaeger"]["image"]
 
 
-def test_compose_mounts_files_that_exist_and_runs_the_shipped_configs() -> None:
-    services = _compose()["services"]
-    for name, service in services.items():
+@pytest.mark.parametrize("compose", [COMPOSE, GATEWAY_COMPOSE], ids=lambda p: str(p.relative_to(REPO_ROOT)))
+def test_compose_files_mount_files_that_exist_and_pin_images(compose: Path) -> None:
+    for name, service in _load(compose)["services"].items():
         for volume in service.get("volumes", []):
             host = volume.split(":", 1)[0]
-            assert (REPO_ROOT / host).exists(), f"{name} mounts missing {host}"
+            assert (compose.parent / host).exists(), f"{name} mounts missing {host}"
+        assert not service["image"].endswith(":latest") and ":" in service["image"], name
+
+
+def test_compose_runs_the_shipped_configs() -> None:
+    services = _compose()["services"]
     mount = "./collector/otel-collector.yaml:/etc/llmtrace/otel-collector.yaml:ro"
     assert mount in services["collector"]["volumes"]
     assert "/etc/llmtrace/otel-collector.yaml" in services["collector"]["command"]
