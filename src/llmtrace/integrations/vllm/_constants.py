@@ -1,0 +1,80 @@
+"""Targets of the vLLM adapter: every method it wraps, and the parameters it reads by name.
+
+A target whose module, attribute or named parameters differ in the installed
+vLLM turns the whole adapter off (one warning naming it): patching half a
+pipeline would produce request traces that look complete and are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+DISTRIBUTION: Final = "vllm"
+TRIGGER: Final = "vllm"
+#: The range the targets below were written against (pyproject's ``vllm`` extra says the same).
+SUPPORTED: Final = ">=0.30,<0.34"
+SUPPORTED_MIN: Final = (0, 30)
+SUPPORTED_MAX_EXCLUSIVE: Final = (0, 34)
+
+#: ``LLMTRACE_VLLM=1`` turns the ``vllm.general_plugins`` entry point on (it is a no-op otherwise).
+PLUGIN_ENV: Final = "LLMTRACE_VLLM"
+
+#: Key added to ``EngineCoreOutput.trace_headers`` of a request's final output: the engine's
+#: phase durations (JSON), read back by the API server. W3C propagators ignore unknown keys.
+SUMMARY_KEY: Final = "llmtrace-engine-summary"
+#: The W3C keys llmtrace writes into ``EngineCoreRequest.trace_headers``.
+CARRIER_KEYS: Final = ("traceparent", "tracestate")
+
+#: Scheduler outputs awaiting ``update_from_output`` (async scheduling keeps at most a few
+#: in flight); beyond this the oldest are dropped so a lost output can never grow memory.
+MAX_PENDING_STEPS: Final = 64
+#: API-side request records; beyond this the oldest are aborted (a leak guard, not a limit
+#: a healthy server reaches: vLLM's own ``max_num_seqs`` is far lower per engine).
+MAX_OPEN_REQUESTS: Final = 100_000
+#: A prompt render older than this is not attributed to a request added later in the same context.
+RENDER_MAX_AGE_NS: Final = 60_000_000_000
+
+
+@dataclass(frozen=True)
+class Target:
+    """One wrapped method: where it lives, and the parameters the wrapper binds by name."""
+
+    module: str
+    path: str
+    params: tuple[str, ...]
+    side: str  # "api" (API-server process) or "engine" (EngineCore process)
+
+
+SCHEDULER_MODULE: Final = "vllm.v1.core.sched.scheduler"
+OUTPUT_PROCESSOR_MODULE: Final = "vllm.v1.engine.output_processor"
+RENDERER_MODULE: Final = "vllm.renderers.base"
+EXECUTOR_MODULE: Final = "vllm.v1.executor.abstract"
+UNIPROC_MODULE: Final = "vllm.v1.executor.uniproc_executor"
+MULTIPROC_MODULE: Final = "vllm.v1.executor.multiproc_executor"
+
+TARGETS: Final = (
+    # API-server process: request records, tokenize, tokens as they reach the server.
+    Target(RENDERER_MODULE, "BaseRenderer.render_cmpl", ("prompts",), "api"),
+    Target(RENDERER_MODULE, "BaseRenderer.render_cmpl_async", ("prompts",), "api"),
+    Target(RENDERER_MODULE, "BaseRenderer.render_chat", ("conversations",), "api"),
+    Target(RENDERER_MODULE, "BaseRenderer.render_chat_async", ("conversations",), "api"),
+    Target(OUTPUT_PROCESSOR_MODULE, "OutputProcessor.add_request", ("request", "prompt"), "api"),
+    Target(OUTPUT_PROCESSOR_MODULE, "OutputProcessor.process_outputs", ("engine_core_outputs",), "api"),
+    Target(OUTPUT_PROCESSOR_MODULE, "OutputProcessor.abort_requests", ("request_ids", "internal"), "api"),
+    Target(OUTPUT_PROCESSOR_MODULE, "OutputProcessor.propagate_error", ("e",), "api"),
+    # EngineCore process: the step timeline and the engine half of each request.
+    Target(SCHEDULER_MODULE, "Scheduler.add_request", ("request",), "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.schedule", (), "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.update_from_output", ("scheduler_output", "model_runner_output"),
+           "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.finish_requests", ("request_ids", "finished_status"), "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.get_request_counts", (), "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.get_kv_cache_usage", (), "engine"),
+    Target(EXECUTOR_MODULE, "Executor.execute_model", ("scheduler_output",), "engine"),
+    Target(UNIPROC_MODULE, "UniProcExecutor.execute_model", ("scheduler_output",), "engine"),
+    Target(MULTIPROC_MODULE, "MultiprocExecutor.execute_model", ("scheduler_output",), "engine"),
+)
+
+#: Targets that are checked but called, not wrapped (the wrappers read through them).
+CHECK_ONLY: Final = frozenset({"Scheduler.get_request_counts", "Scheduler.get_kv_cache_usage"})

@@ -1,0 +1,272 @@
+"""Pure functions from vLLM objects to frozen dataclasses — no OTel, no patching, no GPU.
+
+Each function reads attributes by name and tolerates a missing one (``None`` /
+empty), so that the tests can feed it real vLLM objects built on a CPU and
+plain stand-ins alike. Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from llmtrace import semconv
+from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
+
+#: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
+_FINISH_REASONS = {0: semconv.FINISH_STOP, 1: semconv.FINISH_LENGTH, 2: semconv.FINISH_ABORT,
+                   3: semconv.FINISH_ERROR, 4: "repetition"}
+#: ``RequestOutputKind.DELTA``: the OpenAI server streams with it.
+_OUTPUT_KIND_DELTA = 1
+#: Summary keys (and their types) accepted from another process; anything else is dropped.
+_SUMMARY_FIELDS: dict[str, type] = {"queue_s": float, "prefill_s": float, "decode_s": float,
+                                    "decode_stall_s": float, "preemptions": int, "first_step": int,
+                                    "last_step": int, "decode_steps": int}
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What ``llm.request`` records about a request's sampling parameters."""
+
+    request_id: str
+    prompt_tokens: int | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    stream: bool | None
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """One ``SchedulerOutput``: who is in the batch and how many tokens of each kind."""
+
+    request_ids: tuple[str, ...]
+    prefill_tokens: int
+    decode_tokens: int
+    preempted_ids: tuple[str, ...]
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class OutputEvent:
+    """One ``EngineCoreOutput``: tokens it carries and, when final, why it finished."""
+
+    request_id: str
+    new_tokens: int
+    finish_reason: str | None
+
+
+def _number(value: Any, kind: type) -> Any:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(number, float) and not math.isfinite(number):
+        return None
+    return number
+
+
+def _length(value: Any) -> int | None:
+    try:
+        return len(value) if value is not None else None
+    except TypeError:
+        return None
+
+
+def request_params(request: Any) -> RequestParams:
+    """From an ``EngineCoreRequest`` (API side) or a ``Request`` (engine side)."""
+    sampling = getattr(request, "sampling_params", None)
+    prompt_tokens = _number(getattr(request, "num_prompt_tokens", None), int)
+    if prompt_tokens is None:
+        prompt_tokens = _length(getattr(request, "prompt_token_ids", None))
+    kind = getattr(getattr(sampling, "output_kind", None), "value", None)
+    return RequestParams(
+        request_id=str(getattr(request, "request_id", "")),
+        prompt_tokens=prompt_tokens,
+        max_tokens=_number(getattr(sampling, "max_tokens", None), int),
+        temperature=_number(getattr(sampling, "temperature", None), float),
+        top_p=_number(getattr(sampling, "top_p", None), float),
+        stream=None if kind is None else kind == _OUTPUT_KIND_DELTA,
+    )
+
+
+def model_name(vllm_config: Any) -> str | None:
+    """The served model name (the first one, when vLLM serves it under several)."""
+    model_config = getattr(vllm_config, "model_config", None)
+    name = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return str(name) if name else None
+
+
+def engine_id(vllm_config: Any) -> str:
+    """``dp<rank>``: one scheduler per data-parallel rank drives one device group."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    rank = _number(getattr(parallel, "data_parallel_rank", None), int)
+    return f"dp{rank or 0}"
+
+
+def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> BatchInfo:
+    """Split a step's scheduled tokens into prefill and decode.
+
+    New requests are prefilling; a cached (already running) request is still
+    prefilling while its computed tokens are below its prompt length (chunked
+    prefill), else decoding. *prompt_lengths* maps a request id to the
+    scheduler's ``Request`` (or to a prompt length).
+    """
+    scheduled: Mapping[str, int] = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+    new_reqs = getattr(scheduler_output, "scheduled_new_reqs", None) or ()
+    new_ids = {getattr(r, "req_id", None) for r in new_reqs}
+    cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    computed = dict(zip(getattr(cached, "req_ids", None) or (),
+                        getattr(cached, "num_computed_tokens", None) or (), strict=False))
+    prefill = decode = 0
+    for request_id, count in scheduled.items():
+        n = int(count)
+        if request_id in new_ids:
+            prefill += n
+            continue
+        prompt_len = _prompt_length(prompt_lengths.get(request_id))
+        done = computed.get(request_id)
+        if prompt_len is not None and done is not None and int(done) < prompt_len:
+            prefill += min(n, prompt_len - int(done))
+            decode += max(0, n - (prompt_len - int(done)))
+        else:
+            decode += n
+    preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+    total = _number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
+    return BatchInfo(tuple(scheduled), prefill, decode, tuple(sorted(preempted)),
+                     total if total is not None else prefill + decode)
+
+
+def _prompt_length(value: Any) -> int | None:
+    if isinstance(value, int):
+        return value
+    length: int | None = _number(getattr(value, "num_prompt_tokens", None), int)
+    return length
+
+
+def kv_cache_usage(value: Any) -> float | None:
+    """A 0..1 fraction, or None when the engine reports nothing sensible."""
+    usage: float | None = _number(value, float)
+    if usage is None:
+        return None
+    return min(1.0, max(0.0, usage))
+
+
+def queue_counts(value: Any) -> tuple[int | None, int | None]:
+    """``Scheduler.get_request_counts()`` -> (waiting, running); it returns (running, waiting)."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        return None, None
+    return _number(value[1], int), _number(value[0], int)
+
+
+def finish_reason(value: Any) -> str | None:
+    """vLLM's ``FinishReason`` (or its int / string) -> ``stop``/``length``/``abort``/``error``/..."""
+    if value is None:
+        return None
+    number = getattr(value, "value", value)
+    if isinstance(number, int) and not isinstance(number, bool):
+        return _FINISH_REASONS.get(number, str(value).lower())
+    return str(value).lower()
+
+
+def output_events(outputs: Iterable[Any]) -> list[OutputEvent]:
+    """``EngineCoreOutput`` list (API side) -> tokens and finish reason per request."""
+    events = []
+    for output in outputs:
+        tokens = _length(getattr(output, "new_token_ids", None)) or 0
+        events.append(OutputEvent(str(getattr(output, "request_id", "")), tokens,
+                                  finish_reason(getattr(output, "finish_reason", None))))
+    return events
+
+
+def engine_outputs(result: Any) -> list[Any]:
+    """Every ``EngineCoreOutput`` in ``update_from_output``'s ``{client: EngineCoreOutputs}``."""
+    if not isinstance(result, Mapping):
+        return []
+    flat: list[Any] = []
+    for outputs in result.values():
+        flat.extend(getattr(outputs, "outputs", None) or ())
+    return flat
+
+
+def carrier_from(trace_headers: Mapping[str, str] | None) -> dict[str, str] | None:
+    """The W3C part of vLLM's ``trace_headers`` (None when it carries no ``traceparent``)."""
+    if not trace_headers or not isinstance(trace_headers, Mapping):
+        return None
+    carrier = {k: str(trace_headers[k]) for k in CARRIER_KEYS if trace_headers.get(k)}
+    return carrier if "traceparent" in carrier else None
+
+
+def merge_carrier(trace_headers: Mapping[str, str] | None, carrier: Mapping[str, str]) -> dict[str, str]:
+    """*trace_headers* with its W3C keys replaced by *carrier* (other keys kept)."""
+    merged = {k: v for k, v in (trace_headers or {}).items() if k not in CARRIER_KEYS}
+    merged.update(carrier)
+    return merged
+
+
+def encode_summary(summary: Mapping[str, Any]) -> str:
+    """Engine durations as a compact JSON string (only the known keys)."""
+    clean = {k: summary[k] for k in _SUMMARY_FIELDS if summary.get(k) is not None}
+    return json.dumps(clean, separators=(",", ":"))
+
+
+def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """The engine summary on a final output's ``trace_headers``; None if absent or malformed."""
+    if not trace_headers or not isinstance(trace_headers, Mapping):
+        return None
+    raw = trace_headers.get(SUMMARY_KEY)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    summary: dict[str, Any] = {}
+    for key, kind in _SUMMARY_FIELDS.items():
+        value = _number(data.get(key), kind)
+        if value is not None and value >= 0:
+            summary[key] = value
+    return summary
+
+
+def with_summary(trace_headers: Mapping[str, str] | None, summary: Mapping[str, Any]) -> dict[str, str]:
+    """A new ``trace_headers`` dict carrying *summary* (the request's own dict is not mutated)."""
+    headers = dict(trace_headers or {})
+    headers[SUMMARY_KEY] = encode_summary(summary)
+    return headers
+
+
+def prompt_count(value: Any) -> int:
+    """How many prompts a render call received (for ``llm.tokenize.batch_size``)."""
+    return _length(value) or 1
+
+
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparseable."""
+    if not version:
+        return None
+    parts: list[int] = []
+    for piece in version.split("+")[0].split("."):
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def version_supported(version: str | None, low: tuple[int, ...], high_exclusive: tuple[int, ...]) -> bool:
+    parsed = version_tuple(version)
+    return parsed is not None and low <= parsed < high_exclusive
