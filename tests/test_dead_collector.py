@@ -6,6 +6,7 @@ Each protocol's app runs once (module fixture); the tests below read different f
 from __future__ import annotations
 
 import pytest
+
 from tests.stack.run_app import AppRun, run_app
 from tests.stack.stack import free_port
 

@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Callable, Mapping
 
 import pytest
-from tests.stack.run_app import run_app
-from tests.stack.stack import OtelStack, by_trace
 
 from llmtrace import semconv
+from tests.stack.run_app import run_app
+from tests.stack.stack import OtelStack, by_trace
 
 pytestmark = pytest.mark.stack
 

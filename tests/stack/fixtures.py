@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
 from tests.stack.stack import TEST_SAMPLING, OtelStack
 
 
