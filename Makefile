@@ -1,28 +1,30 @@
-# The README's commands. `.ci/run` is the one-shot version of `setup` + `lint` + `test`.
+# The README's commands. Each installs what it needs first (`.ci/run setup`: a cached venv
+# keyed on pyproject.toml, Jaeger v2 and the gateway collector built from the Go module
+# proxy, chromium); with everything cached that takes a few seconds.
 LLMTRACE_CACHE ?= $(HOME)/.cache/llmtrace
 export LLMTRACE_CACHE
 VENV ?= $(LLMTRACE_CACHE)/venv
-# Use the cached venv when it exists, else whatever python3/llmtrace are on PATH.
-BIN := $(if $(wildcard $(VENV)/bin/python),$(VENV)/bin/,)
-PYTHON := $(if $(BIN),$(BIN)python,python3)
+PYTHON := $(VENV)/bin/python
+# .ci/run sets this after its own setup so `make test` does not repeat it.
+SETUP := $(if $(LLMTRACE_SETUP_DONE),,setup)
 
-.PHONY: setup test lint demo stack-up stack-build
+.PHONY: setup test lint demo stack-build stack-up
 
-setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector built from the Go proxy, chromium
+setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector from the Go proxy, chromium
 	.ci/run setup
 
-test:  ## the whole suite, including the real collector + Jaeger end-to-end tests
+test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to-end tests
 	$(PYTHON) -m pytest -q
 
-lint:  ## ruff on src and tests, mypy strict on src
+lint: $(SETUP)  ## ruff on src and tests, mypy strict on src
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
 
-demo:  ## reference server under load, traced, then the analysis
-	$(BIN)llmtrace demo
+demo: $(SETUP)  ## reference server under load, traced, then the analysis
+	$(VENV)/bin/llmtrace demo
 
 stack-build:  ## build and cache the Go binaries of the local stack
 	$(PYTHON) scripts/stack.py build
 
-stack-up:  ## collector + Jaeger without Docker, on the docker-compose ports (Ctrl-C stops)
+stack-up: $(SETUP)  ## collector + Jaeger without Docker, on the docker-compose ports (Ctrl-C stops)
 	$(PYTHON) scripts/stack.py up
