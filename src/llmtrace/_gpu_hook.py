@@ -38,3 +38,20 @@ def energy_j(start_mono_ns: int, end_mono_ns: int) -> float | None:
     except Exception:  # noqa: BLE001
         return None
     return None if value is None else float(value)
+
+
+def energy_available() -> bool:
+    """Whether a running sampler has devices (so per-step energy can be attributed).
+
+    Called when an engine is created (start-up, not the hot path): waits briefly for a
+    sampler that is still taking its first pass.
+    """
+    sampler = _sampler()
+    if sampler is None:
+        return False
+    try:
+        if not sampler.available and hasattr(sampler, "wait_ready"):
+            sampler.wait_ready(1.0)
+        return bool(sampler.available)
+    except Exception:  # noqa: BLE001
+        return False

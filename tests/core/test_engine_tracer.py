@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from llmtrace import EngineTracer, semconv
 from tests.core.conftest import Captured
 
@@ -106,3 +108,33 @@ def test_request_phases_follow_step_membership(captured: Captured) -> None:
     (request,) = captured.named(semconv.SPAN_REQUEST)
     assert {semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= {
         s.name for s in captured.spans() if s.parent is not None and s.parent.span_id == request.context.span_id}
+
+
+class _RecordedEnergy:
+    """Test double for the GPU sampler (no GPU here): 100 W constant, so energy = 100 J/s × duration."""
+
+    available = True
+
+    def energy_j(self, start_ns: int, end_ns: int) -> float:
+        return 100.0 * (end_ns - start_ns) / 1e9
+
+    def span_attributes(self, start_ns: int, end_ns: int) -> dict[str, object]:
+        return {}
+
+
+def test_step_energy_is_split_by_token_share(captured: Captured, monkeypatch: object) -> None:
+    """Two requests prefilling 30 and 10 tokens share a step's energy 3:1; later steps 1:1;
+    the shares sum to the steps' energy."""
+    from llmtrace import _gpu_hook
+
+    monkeypatch.setattr(_gpu_hook, "_sampler", lambda: _RecordedEnergy())  # type: ignore[attr-defined]
+    engine = EngineTracer("dp6")
+    engine.tracker.add("big", prompt_tokens=30)
+    engine.tracker.add("small", prompt_tokens=10)
+    _run_steps(engine, ["big", "small"], 3)
+    steps = engine.tracker._open["big"].step_records
+    energies = [100.0 * (s.end_ns - s.start_ns) / 1e9 for s in steps]
+    big = engine.tracker.finished("big")["energy_j"]
+    small = engine.tracker.finished("small")["energy_j"]
+    assert big == pytest.approx(energies[0] * 0.75 + (energies[1] + energies[2]) / 2)
+    assert big + small == pytest.approx(sum(energies))

@@ -41,6 +41,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanKind
 
 from llmtrace import _runtime, semconv
+from llmtrace._gpu_hook import energy_available
 from llmtrace._safety import guarded
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
@@ -57,25 +58,12 @@ PHASE_NAMES = {
 MAX_BATCH_IDS_ATTR = 64
 
 
-class _PhaseTimer:
-    __slots__ = ("_name", "_start", "_step")
-
-    def __init__(self, step: StepRecord, name: str) -> None:
-        self._step, self._name, self._start = step, name, 0
-
-    def __enter__(self) -> None:
-        self._start = monotonic_ns()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self._step.phases.append((self._name, self._start, monotonic_ns()))
-
-
 class StepRecord:
     """One scheduler iteration: timestamps and batch numbers, nothing else on the hot path."""
 
-    __slots__ = ("attributes", "decode_tokens", "end_ns", "engine", "handles", "kv_cache_usage",
-                 "phases", "preempted", "prefill_tokens", "running", "start_ns", "step_id", "waiting")
+    __slots__ = ("_phase_name", "_phase_start", "attributes", "decode_tokens", "end_ns", "energy_done",
+                 "energy_j", "engine", "handles", "kv_cache_usage", "phases", "preempted", "prefill_tokens",
+                 "running", "start_ns", "step_id", "waiting")
 
     def __init__(self, engine: EngineTracer, step_id: int, start_ns: int) -> None:
         self.engine = engine
@@ -91,10 +79,26 @@ class StepRecord:
         self.kv_cache_usage: float | None = None
         self.preempted = 0
         self.attributes: dict[str, Any] | None = None
+        self._phase_name = ""
+        self._phase_start = 0
+        self.energy_j: float | None = None  # filled lazily by lifecycle/energy.py
+        self.energy_done = False
 
-    def phase(self, name: str) -> _PhaseTimer:
-        """Time a phase (``schedule``, ``forward``, ``sample``, ``postprocess``) with ``with``."""
-        return _PhaseTimer(self, name)
+    def phase(self, name: str) -> StepRecord:
+        """Time a phase (``schedule``, ``forward``, ``sample``, ``postprocess``) with ``with``.
+
+        The step itself is the context manager (no allocation per phase); phases of one
+        step are sequential, as in an engine loop, so they do not nest.
+        """
+        self._phase_name = name
+        return self
+
+    def __enter__(self) -> None:
+        self._phase_start = monotonic_ns()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.phases.append((self._phase_name, self._phase_start, monotonic_ns()))
 
     def add_phase(self, name: str, start_ns: int, end_ns: int) -> None:
         """Record a phase measured elsewhere (monotonic ns of this process)."""
@@ -107,6 +111,7 @@ class StepRecord:
         # Inlined RequestHandle.scheduled(): this loop runs for every request in every step.
         open_requests = self.engine.tracker._open
         step_id, start, handles = self.step_id, self.start_ns, self.handles
+        energy = self.engine.energy_accounting
         for request_id in request_ids:
             handle = open_requests.get(request_id)
             if handle is None:
@@ -116,6 +121,8 @@ class StepRecord:
                 if len(handle.scheduled_ns) < max(1, len(handle.queued_ns)):
                     handle.scheduled_ns.append(start)
                 handle.steps.append(step_id)
+                if energy:
+                    handle.step_records.append(self)
             handles.append(handle)
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
@@ -201,6 +208,8 @@ class EngineTracer:
         self._window_steps = settings.engine_window_steps
         self._ratio = settings.engine_sample_ratio
         self._rng = random.Random()
+        #: Keep step records on requests for per-request energy (only when a GPU reports energy).
+        self.energy_accounting = energy_available()
         _ENGINES.add(self)
         if settings.gc_spans:
             _install_gc_callback()

@@ -69,6 +69,11 @@ def phase_summary(rec: RequestHandle) -> dict[str, Any]:
         summary["first_step"], summary["last_step"] = rec.steps[0], rec.steps[-1]
         first_tok = rec.token_ns[0] if rec.token_ns else None
         summary["decode_steps"] = max(0, len(rec.steps) - 1) if first_tok is not None else 0
+    if rec.step_records:
+        from llmtrace.lifecycle.energy import request_energy_j
+
+        if (energy := request_energy_j(rec)) is not None:
+            summary["energy_j"] = energy
     return summary
 
 

@@ -78,6 +78,7 @@ class RequestHandle:
         "request_id",
         "scheduled_ns",
         "span",
+        "step_records",
         "steps",
         "summary_in",
         "token_ns",
@@ -110,6 +111,7 @@ class RequestHandle:
         self.queued_ns: list[int] = []
         self.scheduled_ns: list[int] = []
         self.steps: list[int] = []
+        self.step_records: list[Any] = []  # StepRecords, only with GPU energy accounting
         self.token_ns: list[int] = []
         self.output_tokens = 0
         self.detokenize_ns = 0
