@@ -55,8 +55,14 @@ def throughput(path: str) -> dict[str, float]:
     analyze(ts, source=path)
     t3 = time.process_time()
     n = len(loaded.spans)
-    return {"spans": n, "parse_s": t1 - t0, "build_s": t2 - t1, "analyze_s": t3 - t2,
-            "spans_per_s": n / (t3 - t0), "parse_spans_per_s": n / (t1 - t0)}
+    return {
+        "spans": n,
+        "parse_s": t1 - t0,
+        "build_s": t2 - t1,
+        "analyze_s": t3 - t2,
+        "spans_per_s": n / (t3 - t0),
+        "parse_spans_per_s": n / (t1 - t0),
+    }
 
 
 def memory(path: str) -> dict[str, float]:
@@ -69,11 +75,18 @@ def memory(path: str) -> dict[str, float]:
     held, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     n = ts.span_count
-    return {"held_bytes": held, "peak_bytes": peak, "bytes_per_span": held / n, "peak_bytes_per_span": peak / n}
+    return {
+        "held_bytes": held,
+        "peak_bytes": peak,
+        "bytes_per_span": held / n,
+        "peak_bytes_per_span": peak / n,
+    }
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--spans", type=int, default=1_000_000, help="approximate span count (default 1M)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the generated set is cached")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -95,8 +108,10 @@ def main() -> int:
     print(f"throughput     {result['spans_per_s']:,.0f} spans/s on one core (target >= 200,000: {ok})")
     if "bytes_per_span" in result:
         ok = "ok" if result["bytes_per_span"] <= 1024 else "ABOVE TARGET"
-        print(f"memory held    {result['bytes_per_span']:.0f} B/span (target <= 1024: {ok}); "
-              f"peak while parsing {result['peak_bytes_per_span']:.0f} B/span")
+        print(
+            f"memory held    {result['bytes_per_span']:.0f} B/span (target <= 1024: {ok}); "
+            f"peak while parsing {result['peak_bytes_per_span']:.0f} B/span"
+        )
     return 0
 
 

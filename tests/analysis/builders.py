@@ -13,7 +13,7 @@ _ids = itertools.count(1)
 
 
 def ms(x: float) -> int:
-    return T0 + int(round(x * 1_000_000))
+    return T0 + round(x * 1_000_000)
 
 
 def sid() -> str:
@@ -51,7 +51,7 @@ def span(
     )
 
 
-def request_trace(
+def request_trace(  # noqa: PLR0917 - a phase per positional argument, in order
     trace: str,
     start: float,
     tokenize: float,
@@ -69,7 +69,9 @@ def request_trace(
     out: list[Span] = []
     server = None
     if server_pad:
-        server = span("POST /v1/completions", start - server_pad, end + server_pad, trace=trace, kind=SpanKind.SERVER)
+        server = span(
+            "POST /v1/completions", start - server_pad, end + server_pad, trace=trace, kind=SpanKind.SERVER
+        )
         out.append(server)
     a = {
         sc.GEN_AI_USAGE_INPUT_TOKENS: input_tokens,
@@ -80,8 +82,12 @@ def request_trace(
     }
     req = span(sc.SPAN_REQUEST, start, end, parent=server, trace=trace, attrs=a)
     out.append(req)
-    for name, d in ((sc.SPAN_TOKENIZE, tokenize), (sc.SPAN_QUEUE, queue), (sc.SPAN_PREFILL, prefill),
-                    (sc.SPAN_DECODE, decode)):
+    for name, d in (
+        (sc.SPAN_TOKENIZE, tokenize),
+        (sc.SPAN_QUEUE, queue),
+        (sc.SPAN_PREFILL, prefill),
+        (sc.SPAN_DECODE, decode),
+    ):
         if d:
             out.append(span(name, t, t + d, parent=req))
         t += d
@@ -102,9 +108,20 @@ def engine_window(
     root = span(sc.SPAN_ENGINE, steps[0][0], steps[-1][3], trace=trace, attrs={sc.LLM_ENGINE_ID: engine})
     out = [root]
     for i, (a, b, c, d) in enumerate(steps):
-        st = span(sc.SPAN_STEP, a, d, parent=root, attrs={
-            sc.LLM_ENGINE_ID: engine, sc.LLM_STEP_ID: first_step_id + i, sc.LLM_BATCH_SIZE: 1,
-            sc.LLM_QUEUE_WAITING: 0, sc.LLM_QUEUE_RUNNING: 1, **(step_attrs or {})})
+        st = span(
+            sc.SPAN_STEP,
+            a,
+            d,
+            parent=root,
+            attrs={
+                sc.LLM_ENGINE_ID: engine,
+                sc.LLM_STEP_ID: first_step_id + i,
+                sc.LLM_BATCH_SIZE: 1,
+                sc.LLM_QUEUE_WAITING: 0,
+                sc.LLM_QUEUE_RUNNING: 1,
+                **(step_attrs or {}),
+            },
+        )
         out += [
             st,
             span(sc.SPAN_SCHEDULE, a, b, parent=st),

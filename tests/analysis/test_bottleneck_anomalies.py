@@ -9,15 +9,27 @@ from llmtrace.analysis.bottleneck import Bottleneck, Features, diagnose
 from llmtrace.analysis.build import build_traceset
 from tests.analysis.builders import request_trace
 
-BASE = dict(busy_ratio=0.5, idle_with_work_ratio=0.0, host_cause_share={}, preemptions_per_request=0.0,
-            kv_usage_p90=0.3, queue_share=0.05, queue_growth=0.0, network_share=0.01, mean_batch=4.0)
+BASE = dict(
+    busy_ratio=0.5,
+    idle_with_work_ratio=0.0,
+    host_cause_share={},
+    preemptions_per_request=0.0,
+    kv_usage_p90=0.3,
+    queue_share=0.05,
+    queue_growth=0.0,
+    network_share=0.01,
+    mean_batch=4.0,
+)
 
 
 @pytest.mark.parametrize(
     ("over", "expected"),
     [
         ({"busy_ratio": 0.95}, Bottleneck.COMPUTE),
-        ({"busy_ratio": 0.7, "idle_with_work_ratio": 0.25, "host_cause_share": {"schedule": 0.8}}, Bottleneck.HOST),
+        (
+            {"busy_ratio": 0.7, "idle_with_work_ratio": 0.25, "host_cause_share": {"schedule": 0.8}},
+            Bottleneck.HOST,
+        ),
         ({"preemptions_per_request": 0.3, "kv_usage_p90": 0.99}, Bottleneck.MEMORY),
         ({"busy_ratio": 0.97, "queue_share": 0.6, "queue_growth": 2.0}, Bottleneck.QUEUEING),
         ({"network_share": 0.4}, Bottleneck.NETWORK),
@@ -34,13 +46,21 @@ def test_each_class_is_chosen_from_its_evidence(over: dict, expected: Bottleneck
 
 def test_host_recommendation_names_the_dominant_host_cause() -> None:
     """The recommendation points at the host activity that owns most of the idle time."""
-    d = diagnose(Features(**{**BASE, "idle_with_work_ratio": 0.3, "host_cause_share": {"gc": 0.7, "schedule": 0.3}}))
+    d = diagnose(
+        Features(**{**BASE, "idle_with_work_ratio": 0.3, "host_cause_share": {"gc": 0.7, "schedule": 0.3}})
+    )
     assert "garbage-collector" in d.recommendation
 
 
 def test_input_length_buckets_are_powers_of_two() -> None:
     """Bucket boundaries: 1, 2-3, 4-7, ..."""
-    assert ["1-1", "64-127", "64-127", "128-255", "unknown"] == [bucket_of(n) for n in (1, 64, 127, 128, None)]
+    assert [bucket_of(n) for n in (1, 64, 127, 128, None)] == [
+        "1-1",
+        "64-127",
+        "64-127",
+        "128-255",
+        "unknown",
+    ]
 
 
 def test_one_slow_request_among_peers_is_an_anomaly_with_its_dominant_segment() -> None:
@@ -59,4 +79,4 @@ def test_one_slow_request_among_peers_is_an_anomaly_with_its_dominant_segment() 
 def test_small_buckets_are_not_judged() -> None:
     """Fewer than MIN_BUCKET peers: no anomalies, however different."""
     spans = request_trace("a" * 32, 0, 1, 2, 3, 4) + request_trace("b" * 32, 0, 1, 200, 3, 4)
-    assert [] == find_anomalies(build_traceset(spans).requests, {})
+    assert find_anomalies(build_traceset(spans).requests, {}) == []

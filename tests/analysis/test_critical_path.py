@@ -9,30 +9,38 @@ from tests.analysis.builders import T0, request_trace, span
 
 def _path(trace: Trace, root_name: str = "root", **kw: int) -> list[tuple[str, float, float]]:
     root = next(s for s in trace.spans if s.name == root_name)
-    return [(s.span.name, (s.start_ns - T0) / 1e6, (s.end_ns - T0) / 1e6) for s in critical_path(trace, root, **kw)]
+    return [
+        (s.span.name, (s.start_ns - T0) / 1e6, (s.end_ns - T0) / 1e6)
+        for s in critical_path(trace, root, **kw)
+    ]
 
 
 def test_overlapping_children_take_the_last_finisher_and_skip_the_overlapped_one() -> None:
     """b overlaps c (ends after c starts), so b is off the path; a ends before c starts, so it is on it."""
     root = span("root", 0, 180)
-    spans = [root, span("a", 10, 40, parent=root), span("b", 45, 120, parent=root), span("c", 80, 170, parent=root)]
+    spans = [
+        root,
+        span("a", 10, 40, parent=root),
+        span("b", 45, 120, parent=root),
+        span("c", 80, 170, parent=root),
+    ]
     expected = [("root", 170, 180), ("c", 80, 170), ("root", 40, 80), ("a", 10, 40), ("root", 0, 10)]
     assert expected == _path(Trace.build(root.trace_id, spans))
 
 
 def test_sequential_phases_that_touch_are_all_on_the_path() -> None:
-    """Phases ending exactly when the next begins are on the path (a deliberate deviation from Jaeger's `<`)."""
+    """Phases ending exactly when the next begins are all on the path (Jaeger's `<` would skip them)."""
     spans = request_trace("a" * 32, 0, 1, 2, 3, 4)
     trace = Trace.build("a" * 32, spans)
     names = [n for n, _, _ in _path(trace, "llm.request")]
-    assert ["llm.decode", "llm.prefill", "llm.queue", "llm.tokenize"] == names
+    assert names == ["llm.decode", "llm.prefill", "llm.queue", "llm.tokenize"]
 
 
 def test_children_are_clipped_to_the_parent() -> None:
     """A child outliving its parent only counts inside the parent; one entirely outside is dropped."""
     root = span("root", 0, 100)
     spans = [root, span("late", 60, 130, parent=root), span("outside", 150, 160, parent=root)]
-    assert [("late", 60, 100), ("root", 0, 60)] == _path(Trace.build(root.trace_id, spans))
+    assert _path(Trace.build(root.trace_id, spans)) == [("late", 60, 100), ("root", 0, 60)]
 
 
 def test_grandchildren_are_clipped_to_the_clipped_child() -> None:
@@ -40,13 +48,22 @@ def test_grandchildren_are_clipped_to_the_clipped_child() -> None:
     root = span("root", 0, 100)
     child = span("child", 50, 150, parent=root)
     spans = [root, child, span("grandchild", 90, 140, parent=child)]
-    assert [("grandchild", 90, 100), ("child", 50, 90), ("root", 0, 50)] == _path(Trace.build(root.trace_id, spans))
+    assert _path(Trace.build(root.trace_id, spans)) == [
+        ("grandchild", 90, 100),
+        ("child", 50, 90),
+        ("root", 0, 50),
+    ]
 
 
 def test_sections_tile_the_root_exactly() -> None:
     """The exclusive times on the path sum to the root's duration."""
     root = span("root", 0, 500)
-    spans = [root, span("x", 0, 200, parent=root), span("y", 150, 300, parent=root), span("z", 320, 480, parent=root)]
+    spans = [
+        root,
+        span("x", 0, 200, parent=root),
+        span("y", 150, 300, parent=root),
+        span("z", 320, 480, parent=root),
+    ]
     trace = Trace.build(root.trace_id, spans)
     assert root.duration_ns == sum(s.duration_ns for s in critical_path(trace, root))
 
@@ -57,7 +74,7 @@ def test_orphan_with_missing_parent_becomes_a_root_and_has_its_own_path() -> Non
     kid = span("kid", 2, 8, parent=orphan)
     trace = Trace.build(orphan.trace_id, [orphan, kid])
     assert (orphan,) == trace.orphans
-    assert [("orphan", 8, 10), ("kid", 2, 8), ("orphan", 0, 2)] == _path(trace, "orphan")
+    assert _path(trace, "orphan") == [("orphan", 8, 10), ("kid", 2, 8), ("orphan", 0, 2)]
 
 
 def test_follows_from_links_never_extend_the_path() -> None:
@@ -65,7 +82,7 @@ def test_follows_from_links_never_extend_the_path() -> None:
     root = span("root", 0, 10)
     linked = span("async", 5, 50, links=(Link(root.trace_id, root.span_id),))
     trace = Trace.build(root.trace_id, [root, linked])
-    assert [("root", 0, 10)] == _path(trace)
+    assert _path(trace) == [("root", 0, 10)]
 
 
 def test_overlap_allowance_keeps_a_slightly_overlapping_child_cut_at_the_overlap() -> None:
@@ -73,15 +90,15 @@ def test_overlap_allowance_keeps_a_slightly_overlapping_child_cut_at_the_overlap
     root = span("root", 0, 100)
     spans = [root, span("b", 10, 52, parent=root), span("c", 50, 100, parent=root)]
     trace = Trace.build(root.trace_id, spans)
-    assert [("c", 50, 100), ("b", 10, 50), ("root", 0, 10)] == _path(trace, overlap_allowance_ns=5_000_000)
-    assert [("c", 50, 100), ("root", 0, 50)] == _path(trace)
+    assert _path(trace, overlap_allowance_ns=5_000_000) == [("c", 50, 100), ("b", 10, 50), ("root", 0, 10)]
+    assert _path(trace) == [("c", 50, 100), ("root", 0, 50)]
 
 
 def test_zero_length_children_terminate() -> None:
     """Zero-duration children at the same instant do not loop forever and own no time."""
     root = span("root", 0, 10)
     spans = [root, span("z1", 5, 5, parent=root), span("z2", 5, 5, parent=root)]
-    assert [("root", 5, 10), ("root", 0, 5)] == _path(Trace.build(root.trace_id, spans))
+    assert _path(Trace.build(root.trace_id, spans)) == [("root", 5, 10), ("root", 0, 5)]
 
 
 def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:
@@ -93,10 +110,12 @@ def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:
         paths.append((root.duration_ns, critical_path(tr, root)))
     stats, folded = aggregate(paths)
     by = {s.name: s for s in stats}
-    assert 1.0 == round(sum(s.share for s in stats), 9)
-    assert 12 / 30 == round(by["llm.decode"].share, 9)
-    assert 1 == by["llm.queue"].requests
+    assert round(sum(s.share for s in stats), 9) == 1.0
+    assert round(by["llm.decode"].share, 9) == 12 / 30
+    assert by["llm.queue"].requests == 1
     assert ("llm.request", "llm.decode") in folded
-    assert {"llm.decode": 6_000_000, "llm.prefill": 3_000_000, "llm.tokenize": 1_000_000} == exclusive_by_name(
-        paths[0][1]
-    )
+    assert exclusive_by_name(paths[0][1]) == {
+        "llm.decode": 6_000_000,
+        "llm.prefill": 3_000_000,
+        "llm.tokenize": 1_000_000,
+    }

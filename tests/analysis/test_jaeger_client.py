@@ -26,8 +26,14 @@ def _ns(rfc: str) -> int:
 
 
 def _trace(i: int) -> dict[str, Any]:
-    return {"traceId": f"{i:032x}", "spanId": f"{i:016x}", "name": "llm.request", "kind": 1,
-            "startTimeUnixNano": str(T0 + i * S), "endTimeUnixNano": str(T0 + i * S + 1000)}
+    return {
+        "traceId": f"{i:032x}",
+        "spanId": f"{i:016x}",
+        "name": "llm.request",
+        "kind": 1,
+        "startTimeUnixNano": str(T0 + i * S),
+        "endTimeUnixNano": str(T0 + i * S + 1000),
+    }
 
 
 class FakeJaegerV3:
@@ -46,31 +52,43 @@ class FakeJaegerV3:
         hits = [_trace(i) for i in range(self.n) if lo <= T0 + i * S <= hi][: int(q["query.search_depth"])]
         if not hits:
             return httpx.Response(404, json={"error": {"httpCode": 404, "message": "trace not found"}})
-        chunks = [{"result": {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [t]}]}]}} for t in hits]
+        chunks = [
+            {"result": {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": [t]}]}]}} for t in hits
+        ]
         return httpx.Response(200, text="\n".join(json.dumps(c) for c in chunks))
 
 
 def test_full_windows_are_split_until_nothing_is_cut() -> None:
     """With a limit of 3 and 10 traces in the window, the client splits and still gets all 10."""
     fake = FakeJaegerV3()
-    loaded = load_spans("http://jaeger:16686", since_ns=T0 - S, until_ns=T0 + 20 * S, limit=3,
-                        transport=httpx.MockTransport(fake))
-    assert 10 == len({s.trace_id for s in loaded.spans})
+    loaded = load_spans(
+        "http://jaeger:16686",
+        since_ns=T0 - S,
+        until_ns=T0 + 20 * S,
+        limit=3,
+        transport=httpx.MockTransport(fake),
+    )
+    assert len({s.trace_id for s in loaded.spans}) == 10
     assert len(fake.calls) > 3
 
 
 def test_no_match_is_an_empty_source_not_a_crash() -> None:
     """404 from v3 means no traces: EmptySourceError ('no spans found')."""
     with pytest.raises(EmptySourceError):
-        load_spans("http://jaeger:16686", services=["api"], since_ns=T0 + 100 * S, until_ns=T0 + 200 * S,
-                   transport=httpx.MockTransport(FakeJaegerV3()))
+        load_spans(
+            "http://jaeger:16686",
+            services=["api"],
+            since_ns=T0 + 100 * S,
+            until_ns=T0 + 200 * S,
+            transport=httpx.MockTransport(FakeJaegerV3()),
+        )
 
 
 def test_services_default_to_all_but_jaegers_own() -> None:
     """Without --service every service is queried except Jaeger's own."""
     fake = FakeJaegerV3()
     load_spans("http://jaeger:16686", since_ns=T0, until_ns=T0 + 20 * S, transport=httpx.MockTransport(fake))
-    assert 1 == len(fake.calls)
+    assert len(fake.calls) == 1
 
 
 def test_legacy_api_is_used_when_v3_is_absent() -> None:
@@ -83,13 +101,27 @@ def test_legacy_api_is_used_when_v3_is_absent() -> None:
         if request.url.path == "/api/services":
             return httpx.Response(200, json={"data": ["api"]})
         seen.update(request.url.params)
-        span = {"traceID": "ab" * 16, "spanID": "cd" * 8, "operationName": "llm.request", "references": [],
-                "startTime": T0 // 1000, "duration": 5, "tags": [], "processID": "p1"}
-        return httpx.Response(200, json={"data": [{"traceID": "ab" * 16, "spans": [span],
-                                                   "processes": {"p1": {"serviceName": "api"}}}]})
+        span = {
+            "traceID": "ab" * 16,
+            "spanID": "cd" * 8,
+            "operationName": "llm.request",
+            "references": [],
+            "startTime": T0 // 1000,
+            "duration": 5,
+            "tags": [],
+            "processID": "p1",
+        }
+        return httpx.Response(
+            200,
+            json={
+                "data": [{"traceID": "ab" * 16, "spans": [span], "processes": {"p1": {"serviceName": "api"}}}]
+            },
+        )
 
-    loaded = load_spans("http://jaeger:16686", since_ns=T0, until_ns=T0 + S, transport=httpx.MockTransport(handler))
-    assert ["llm.request"] == [s.name for s in loaded.spans]
+    loaded = load_spans(
+        "http://jaeger:16686", since_ns=T0, until_ns=T0 + S, transport=httpx.MockTransport(handler)
+    )
+    assert [s.name for s in loaded.spans] == ["llm.request"]
     assert (str(T0 // 1000), "api") == (seen["start"], seen["service"])
 
 
@@ -97,5 +129,11 @@ def test_server_error_names_url_and_status() -> None:
     """A 500 is a SourceError naming the Jaeger URL, the path and the status."""
     transport = httpx.MockTransport(lambda r: httpx.Response(500, text="storage down"))
     with pytest.raises(SourceError, match=r"http://jaeger:16686:/api/v3/traces: HTTP 500: storage down"):
-        load_spans("http://jaeger:16686", services=["api"], api="v3", since_ns=T0, until_ns=T0 + S,
-                   transport=transport)
+        load_spans(
+            "http://jaeger:16686",
+            services=["api"],
+            api="v3",
+            since_ns=T0,
+            until_ns=T0 + S,
+            transport=transport,
+        )

@@ -24,10 +24,11 @@ pytestmark = pytest.mark.stack
 
 
 def _post(endpoint: str, doc: dict[str, Any]) -> None:
-    req = urllib.request.Request(f"{endpoint}/v1/traces", data=json.dumps(doc).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{endpoint}/v1/traces", data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
-        assert 200 == resp.status
+        assert resp.status == 200
 
 
 def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack: Any) -> None:
@@ -43,19 +44,25 @@ def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack:
     since, until = t0 - 5_000_000_000, time.time_ns() + 60_000_000_000
     client = JaegerSource(otel_stack.jaeger_query_url, api="v3", limit=4)
     try:
-        spans, traces = client._fetch(service, since, until)
+        _, traces = client._fetch(service, since, until)
         assert traces <= 4  # the limit is honoured, so splitting is really exercised
     finally:
         client.close()
-    loaded = load_spans(otel_stack.jaeger_query_url, services=[service], since_ns=since, until_ns=until, limit=4)
+    loaded = load_spans(
+        otel_stack.jaeger_query_url, services=[service], since_ns=since, until_ns=until, limit=4
+    )
     got = to_json(analyze(build_traceset(loaded.spans)))
 
     expected_spans = sum(len(d["resourceSpans"][0]["scopeSpans"][0]["spans"]) for d in docs)
-    from llmtrace.analysis.sources.files import spans_from_document, ReadStats
+    from llmtrace.analysis.sources.files import ReadStats, spans_from_document
     from llmtrace.analysis.sources.otlp import Interner
 
     intern, stats = Interner(), ReadStats()
-    original = [s for d in docs for s in spans_from_document(d, source="sim", position="-", intern=intern, stats=stats)]
+    original = [
+        s
+        for d in docs
+        for s in spans_from_document(d, source="sim", position="-", intern=intern, stats=stats)
+    ]
     want = to_json(analyze(build_traceset(original)))
     assert expected_spans == got["source"]["spans"]
     assert want["requests"]["count"] == got["requests"]["count"]

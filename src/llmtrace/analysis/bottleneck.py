@@ -131,7 +131,8 @@ def _recommend(cls: Bottleneck, f: Features) -> str:
         }
         return (
             f"GPU idle {f.idle_with_work_ratio:.0%} of the time with requests waiting; "
-            f"{top[1]:.0%} of that idle time is in {hints.get(top[0], top[0])}; CUDA graphs cut launch overhead."
+            f"{top[1]:.0%} of that idle time is in {hints.get(top[0], top[0])}; "
+            "CUDA graphs cut launch overhead."
         )
     if cls is Bottleneck.MEMORY:
         return (
@@ -184,19 +185,19 @@ def features(
         queue_share=queue_share,
         queue_growth=_queue_growth(steps),
         network_share=network_share,
-        mean_batch=(sum(s.num(sc.LLM_BATCH_SIZE) for s in steps) / len(steps)) if steps else 0.0,
+        mean_batch=(sum(s.batch_size for s in steps) / len(steps)) if steps else 0.0,
     )
 
 
 def _step_preemptions(steps: Sequence[StepView], requests: Sequence[RequestView] = ()) -> float:
     """Preemptions per request from step attributes: requests are counted by their links."""
-    total = sum(s.num(sc.LLM_PREEMPTED) for s in steps)
+    total = sum(s.preempted for s in steps)
     linked = len({link.span_id for s in steps for link in s.step.links})
     return total / linked if linked else 0.0
 
 
 def _kv_p90(steps: Sequence[StepView]) -> float:
-    vals = [s.num(sc.LLM_KV_CACHE_USAGE, -1.0) for s in steps]
+    vals = [s.kv_usage for s in steps]
     vals = [v for v in vals if v >= 0]
     return percentile(vals, 90) if vals else 0.0
 
@@ -206,7 +207,7 @@ def _queue_growth(steps: Sequence[StepView]) -> float:
     if len(steps) < 3:
         return 0.0
     xs = [s.step.start_ns / 1e9 for s in steps]
-    ys = [s.num(sc.LLM_QUEUE_WAITING) for s in steps]
+    ys = [s.waiting for s in steps]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
@@ -217,8 +218,8 @@ def window_features(
 ) -> Features:
     """The same features measured inside one ``llm.engine`` window (no request-level shares)."""
     dur = max(1, window.end_ns - window.start_ns)
-    waiting = [s.num(sc.LLM_QUEUE_WAITING) for s in steps]
-    batch = sum(s.num(sc.LLM_BATCH_SIZE) for s in steps)
+    waiting = [s.waiting for s in steps]
+    batch = sum(s.batch_size for s in steps)
     return Features(
         busy_ratio=(dur - idle_ns) / dur,
         idle_with_work_ratio=with_work_ns / dur,

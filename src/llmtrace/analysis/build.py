@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from llmtrace import semconv as sc
+from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.model import (
     EngineView,
     RequestView,
@@ -40,8 +41,10 @@ def _domain(span: Span) -> tuple[Any, ...]:
 
 def adjust_clock_skew(spans: list[Span]) -> list[Span]:
     """Return ``spans`` with cross-process children shifted into their parents (see module doc)."""
-    if len({_domain(s) for s in spans}) <= 1:
-        return spans
+    if len({s.service for s in spans}) <= 1:
+        resources = {id(s.resource): s.resource for s in spans}.values()
+        if len({(r.get("host.name"), r.get("process.pid")) for r in resources}) <= 1:
+            return spans
     by_id = {s.span_id: s for s in spans}
     kids: dict[str, list[Span]] = {}
     for s in spans:
@@ -100,6 +103,11 @@ def _int(value: Any) -> int | None:
 
 def build_traceset(spans: Iterable[Span], *, warnings: Iterable[str] = (), skew: bool = True) -> TraceSet:
     """Build the joined views the analyzers use."""
+    with paused_gc():
+        return _build(spans, warnings, skew)
+
+
+def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceSet:
     traces, dupes = group_traces(spans, skew=skew)
     notes = list(warnings)
     requests: list[RequestView] = []
@@ -169,9 +177,25 @@ def _step_view(trace: Trace, span: Span) -> StepView:
             forwards.append(child)
         elif child.name in _HOST_STEP_CHILDREN:
             host.append(child)
+    a = span.attributes
     return StepView(
-        span, _engine_of(trace, span), _int(span.attributes.get(sc.LLM_STEP_ID)), tuple(forwards), tuple(host)
+        span,
+        _engine_of(trace, span),
+        _int(a.get(sc.LLM_STEP_ID)),
+        tuple(forwards),
+        tuple(host),
+        _num(a.get(sc.LLM_BATCH_SIZE), 0.0),
+        _num(a.get(sc.LLM_QUEUE_WAITING), 0.0),
+        _num(a.get(sc.LLM_QUEUE_RUNNING), 0.0),
+        _num(a.get(sc.LLM_KV_CACHE_USAGE), -1.0),
+        _num(a.get(sc.LLM_PREEMPTED), 0.0),
     )
+
+
+def _num(value: Any, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
 
 
 def _window_view(trace: Trace, span: Span) -> WindowView:

@@ -64,10 +64,11 @@ def _get(doc: Mapping[str, Any], path: str) -> float | None:
 
 def check_summary(doc: Any, name: str) -> Mapping[str, Any]:
     if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
-        raise SummaryError(f"{name}: not an llmtrace analysis summary (no \"schema\": \"{SCHEMA}\")")
+        raise SummaryError(f'{name}: not an llmtrace analysis summary (no "schema": "{SCHEMA}")')
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise SummaryError(
-            f"{name}: summary schema_version {doc.get('schema_version')} (this llmtrace reads {SCHEMA_VERSION})"
+            f"{name}: summary schema_version {doc.get('schema_version')} "
+            f"(this llmtrace reads {SCHEMA_VERSION})"
         )
     return doc
 
@@ -99,7 +100,7 @@ def compare(
                 note = "untested: too few samples"
         regression = worse > threshold and (p is None or p < alpha)
         out.append(Delta(path, b, c, change, p, regression, note))
-    engines = set((base.get("gpu_idle") or {})) & set((current.get("gpu_idle") or {}))
+    engines = set(base.get("gpu_idle") or {}) & set(current.get("gpu_idle") or {})
     for eid in sorted(engines):
         path = f"gpu_idle.{eid}.ratio"  # engine ids may contain dots: index directly
         b, c = _get(base["gpu_idle"][eid], "ratio"), _get(current["gpu_idle"][eid], "ratio")

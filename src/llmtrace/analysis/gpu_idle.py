@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from llmtrace import semconv as sc
-from llmtrace.analysis.intervals import Cover, Interval, gaps, merge, subtract
+from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
 from llmtrace.analysis.stats import pcts
 
@@ -134,73 +134,138 @@ def work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[
     out: list[Interval] = [(r.request.start_ns, r.request.end_ns) for r in requests]
     prev: StepView | None = None
     for st in engine.steps:
-        if st.num(sc.LLM_BATCH_SIZE) > 0:
+        if st.batch_size > 0:
             out.append((st.step.start_ns, st.step.end_ns))
-        if prev is not None and (
-            prev.num(sc.LLM_QUEUE_WAITING) > 0
-            or (prev.num(sc.LLM_QUEUE_RUNNING) > 0 and st.num(sc.LLM_QUEUE_RUNNING) > 0)
-        ):
+        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0)):
             out.append((prev.step.end_ns, st.step.start_ns))
         prev = st
     return out
 
 
-def host_covers(engine: EngineView, tokenize: Iterable[Span]) -> list[tuple[str, Cover]]:
-    per: dict[str, list[Interval]] = {c: [] for c in CAUSES}
-    per["gc"] = [(s.start_ns, s.end_ns) for s in engine.gc]
+def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int], list[int], list[int]]:
+    """What the host was doing, as disjoint sorted segments (starts, ends, cause index).
+
+    One sweep over every host interval's start/end events; where causes overlap the one
+    earliest in :data:`CAUSES` wins (a gc pause inside a postprocess span is gc time).
+    """
+    index = {c: i for i, c in enumerate(CAUSES)}
+    events: list[tuple[int, int, int]] = []
+    for g in engine.gc:
+        events += ((g.start_ns, 1, 0), (g.end_ns, -1, 0))
     for st in engine.steps:
         for h in st.host:
-            per[_STEP_HOST_CAUSE[h.name]].append((h.start_ns, h.end_ns))
-    per["tokenize"] = [(s.start_ns, s.end_ns) for s in tokenize]
-    return [(c, Cover(per[c])) for c in CAUSES if c != "other"]
+            ci = index[_STEP_HOST_CAUSE[h.name]]
+            events += ((h.start_ns, 1, ci), (h.end_ns, -1, ci))
+    tok = index["tokenize"]
+    for t in tokenize:
+        events += ((t.start_ns, 1, tok), (t.end_ns, -1, tok))
+    events.sort()
+    # counts per cause, and a bitmask of the causes active now: the lowest set bit is the
+    # highest-priority activity, found without scanning the counts at every event.
+    counts = [0] * len(CAUSES)
+    mask = 0
+    starts: list[int] = []
+    ends: list[int] = []
+    causes: list[int] = []
+    prev = events[0][0] if events else 0
+    for pos, delta, ci in events:
+        if pos > prev and mask:
+            active = (mask & -mask).bit_length() - 1
+            if causes and causes[-1] == active and ends[-1] == prev:
+                ends[-1] = pos
+            else:
+                starts.append(prev)
+                ends.append(pos)
+                causes.append(active)
+        n = counts[ci] + delta
+        counts[ci] = n
+        if n > 0:
+            mask |= 1 << ci
+        else:
+            mask &= ~(1 << ci)
+        prev = pos
+    return starts, ends, causes
 
 
-def _classify(engine_id: str, a: int, b: int, covers: list[tuple[str, Cover]], work: Cover) -> Gap:
-    remaining = [(a, b)]
-    split = []
-    for cause, cover in covers:
-        remaining, ns = subtract(remaining, cover)
-        if ns:
-            split.append((cause, ns))
-    rest = sum(e - s for s, e in remaining)
-    if rest:
-        split.append(("other", rest))
-    return Gap(engine_id, a, b, tuple(split), work.overlap(a, b))
+def _segment_gaps(segs: Sequence[Interval], busy: Sequence[Interval]) -> list[Interval]:
+    """Gaps of every segment in the merged ``busy`` list, one pass over both sorted lists."""
+    out: list[Interval] = []
+    j = 0
+    for a, b in segs:
+        while j < len(busy) and busy[j][1] <= a:
+            j += 1
+        k = j
+        cur = a
+        while k < len(busy) and busy[k][0] < b:
+            s, e = busy[k]
+            if s > cur:
+                out.append((cur, s))
+            cur = max(cur, e)
+            k += 1
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _classify_all(
+    engine_id: str,
+    raw: Sequence[Interval],
+    painted: tuple[list[int], list[int], list[int]],
+    work: Sequence[Interval],
+) -> list[Gap]:
+    """Cause split and work-waiting time of sorted, disjoint gaps (two-pointer sweeps)."""
+    starts, ends, causes = painted
+    n, nw = len(starts), len(work)
+    out = []
+    j = w = 0
+    for a, b in raw:
+        while j < n and ends[j] <= a:
+            j += 1
+        per = [0] * len(CAUSES)
+        k = j
+        while k < n and starts[k] < b:
+            ov = min(ends[k], b) - max(starts[k], a)
+            if ov > 0:
+                per[causes[k]] += ov
+            k += 1
+        per[-1] = (b - a) - sum(per)  # "other": what no host span explains
+        while w < nw and work[w][1] <= a:
+            w += 1
+        ww = 0
+        k = w
+        while k < nw and work[k][0] < b:
+            ov = min(work[k][1], b) - max(work[k][0], a)
+            if ov > 0:
+                ww += ov
+            k += 1
+        out.append(Gap(engine_id, a, b, tuple((CAUSES[i], ns) for i, ns in enumerate(per) if ns), ww))
+    return out
 
 
 def iter_gaps(
     engine: EngineView,
     requests: Sequence[RequestView],
     tokenize: Sequence[Span],
-    lo: int | None = None,
-    hi: int | None = None,
-) -> Iterable[tuple[Interval, list[Gap]]]:
-    """Per analysed segment (clipped to ``[lo, hi)`` when given): its classified gaps."""
+) -> tuple[list[Interval], list[Gap]]:
+    """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
+    segs = segments(engine)
     busy = merge((f.start_ns, f.end_ns) for st in engine.steps for f in st.forwards)
-    covers = host_covers(engine, tokenize)
-    work = Cover(work_intervals(engine, requests))
-    for seg in segments(engine):
-        s = seg[0] if lo is None else max(seg[0], lo)
-        e = seg[1] if hi is None else min(seg[1], hi)
-        if s < e:
-            yield (s, e), [_classify(engine.engine_id, a, b, covers, work) for a, b in gaps((s, e), busy)]
+    raw = _segment_gaps(segs, busy)
+    work = merge(work_intervals(engine, requests))
+    return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
 
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
     """Measure and classify the idle gaps of one engine."""
+    segs, found = iter_gaps(engine, requests, tokenize)
     by_cause = dict.fromkeys(CAUSES, 0)
-    found: list[Gap] = []
-    covered = idle = with_work = 0
-    segs = []
-    for seg, seg_gaps in iter_gaps(engine, requests, tokenize):
-        segs.append(seg)
-        covered += seg[1] - seg[0]
-        for g in seg_gaps:
-            idle += g.duration_ns
-            with_work += g.work_waiting_ns
-            for cause, ns in g.causes:
-                by_cause[cause] += ns
-        found.extend(seg_gaps)
+    idle = with_work = 0
+    for g in found:
+        idle += g.duration_ns
+        with_work += g.work_waiting_ns
+        for cause, ns in g.causes:
+            by_cause[cause] += ns
+    covered = sum(b - a for a, b in segs)
     q = pcts([g.duration_ns for g in found], (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
     top = tuple(sorted(found, key=lambda g: (-g.duration_ns, g.start_ns))[:TOP_GAPS])
     return EngineIdle(

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -90,12 +91,12 @@ class Span:
 # most of the analyzer's per-span budget (docs/analysis.md, "Performance"). Sources build
 # spans through this mutable twin with the identical slot layout and then retag the object
 # as a Span — from then on it is an ordinary frozen Span. 1.1 µs.
-_SpanBuilder = dataclass(slots=True)(
+_SpanBuilder: Any = dataclass(slots=True)(
     type("_SpanBuilder", (), {"__annotations__": dict(Span.__annotations__)})
 )
 
 
-def new_span(
+def new_span(  # noqa: PLR0917 - positional on purpose: it is the sources' hot path
     trace_id: str,
     span_id: str,
     parent_id: str | None,
@@ -124,8 +125,12 @@ def new_span(
         service,
         resource,
     )
-    obj.__class__ = Span  # type: ignore[assignment]
-    return obj  # type: ignore[return-value]
+    obj.__class__ = Span
+    span: Span = obj
+    return span
+
+
+_START = attrgetter("start_ns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +146,7 @@ class Trace:
     @classmethod
     def build(cls, trace_id: str, spans: Iterable[Span]) -> Trace:
         """Index ``spans``; a span whose parent is absent (an orphan) becomes a root."""
-        ordered = tuple(sorted(spans, key=lambda s: (s.start_ns, s.span_id)))
+        ordered = tuple(sorted(spans, key=_START))
         by_id = {s.span_id: s for s in ordered}
         kids: dict[str, list[Span]] = {}
         roots = []
@@ -229,6 +234,12 @@ class StepView:
     step_id: int | None
     forwards: tuple[Span, ...]
     host: tuple[Span, ...]  # llm.schedule / llm.sample / llm.postprocess children
+    # The step attributes every analyzer reads, decoded once (0 when absent; kv -1 when absent).
+    batch_size: float = 0.0
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = -1.0
+    preempted: float = 0.0
 
     def num(self, key: str, default: float = 0.0) -> float:
         value = self.step.attributes.get(key)
@@ -280,8 +291,8 @@ class TraceSet:
         rid = request.request.span_id
         for engine in self.engines.values():
             for st in engine.steps:
-                if any(link.span_id == rid for link in st.step.links):
+                in_range = first is not None and last is not None and st.step_id is not None
+                if any(link.span_id == rid for link in st.step.links) or (
+                    in_range and first <= st.step_id <= last  # type: ignore[operator]
+                ):
                     yield st
-                elif first is not None and last is not None and st.step_id is not None:
-                    if first <= st.step_id <= last:
-                        yield st

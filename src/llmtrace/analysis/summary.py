@@ -12,10 +12,11 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import bottleneck as bn
+from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
 from llmtrace.analysis.critical_path import SegmentStats, aggregate, critical_path
@@ -23,6 +24,7 @@ from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
 from llmtrace.analysis.stats import pcts
 
+_T = TypeVar("_T")
 SCHEMA = "llmtrace.analysis"
 SCHEMA_VERSION = 1
 #: Per-request samples kept in the summary for ``compare``'s significance test; a stride
@@ -62,7 +64,7 @@ class Analysis:
     views: Mapping[str, Any] = field(default_factory=dict)
 
 
-def _stride(values: Sequence[float], cap: int) -> list[float]:
+def _stride(values: Sequence[_T], cap: int) -> list[_T]:
     if len(values) <= cap:
         return list(values)
     step = len(values) / cap
@@ -89,6 +91,11 @@ def _tpot(r: RequestView) -> float | None:
 
 def analyze(ts: TraceSet, *, source: str = "", overlap_allowance_ns: int = 0) -> Analysis:
     """Run every analyzer; pure function of ``ts``."""
+    with paused_gc():
+        return _analyze(ts, source, overlap_allowance_ns)
+
+
+def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     reqs = ts.requests
     paths = [
         (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns))
@@ -112,10 +119,10 @@ def analyze(ts: TraceSet, *, source: str = "", overlap_allowance_ns: int = 0) ->
     )
     windows = tuple(_window_verdicts(ts.engines, idle))
     anomalies = tuple(find_anomalies(reqs, dominant))
-    ttft = [v for r in reqs if (v := r.ttft_s) is not None]
+    ttfts = [v for r in reqs if (v := r.ttft_s) is not None]
     tpot = [v for r in reqs if (v := _tpot(r)) is not None]
     samples = {
-        "ttft_s": _stride(ttft, MAX_SAMPLES),
+        "ttft_s": _stride(ttfts, MAX_SAMPLES),
         "e2e_s": _stride(e2e, MAX_SAMPLES),
         "tpot_s": _stride(tpot, MAX_SAMPLES),
         "queue_s": _stride([p["queue"] for p in per_phase], MAX_SAMPLES),
@@ -125,7 +132,7 @@ def analyze(ts: TraceSet, *, source: str = "", overlap_allowance_ns: int = 0) ->
         ts.span_count,
         len(ts.traces),
         ts.warnings,
-        _request_stats(reqs, ttft, e2e, tpot),
+        _request_stats(reqs, ttfts, e2e, tpot),
         tuple(phases),
         tuple(cp_stats),
         folded,
@@ -224,9 +231,7 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
         "engine_id": e.engine_id,
         "t0_ns": t0,
         "duration_us": rel(t1),
-        "steps": [
-            [rel(s.step.start_ns), rel(s.step.end_ns), s.step_id, s.num(sc.LLM_BATCH_SIZE)] for s in steps
-        ],
+        "steps": [[rel(s.step.start_ns), rel(s.step.end_ns), s.step_id, s.batch_size] for s in steps],
         "forwards": [[rel(f.start_ns), rel(f.end_ns)] for s in steps for f in s.forwards],
         "host": [[rel(h.start_ns), rel(h.end_ns), h.name] for s in steps for h in s.host],
         "gc": [[rel(g.start_ns), rel(g.end_ns)] for g in e.gc if t0 <= g.start_ns <= t1],
@@ -241,7 +246,7 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
 def _scatter(reqs: Sequence[RequestView], anomalies: Sequence[Anomaly]) -> list[list[Any]]:
     flagged = {a.trace_id for a in anomalies}
     pts = [[r.input_tokens or 0, r.ttft_s, r.e2e_s, r.trace.trace_id in flagged] for r in reqs]
-    return _stride(pts, MAX_SCATTER)  # type: ignore[arg-type]
+    return _stride(pts, MAX_SCATTER)
 
 
 def _num(x: float) -> float | None:

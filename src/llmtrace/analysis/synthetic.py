@@ -82,7 +82,7 @@ class _Ids:
         return f"{self.rng.getrandbits(64):016x}"
 
 
-def _span(
+def _span(  # noqa: PLR0917 - the OTLP span fields, in their order
     trace_id: str,
     span_id: str,
     parent: str | None,
@@ -121,80 +121,70 @@ def _doc(service: str, spans: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
-    """Yield OTLP ``ExportTraceServiceRequest`` dicts: one per engine window, one per request."""
-    rng = random.Random(cfg.seed)
-    ids = _Ids(rng)
+def _arrivals(cfg: SimConfig, rng: random.Random, ids: _Ids) -> list[_Req]:
+    """Poisson arrivals with log-normal prompt and completion lengths."""
     end_t = cfg.t0_ns + int(cfg.duration_s * 1e9)
-    arrivals: list[_Req] = []
+    out: list[_Req] = []
     t = cfg.t0_ns
-    rid = 0
     while True:
         t += int(rng.expovariate(cfg.arrival_rate) * 1e9)
         if t >= end_t:
-            break
+            return out
         inp = max(8, int(rng.lognormvariate(5.5, 0.8)))
-        out = max(4, int(rng.lognormvariate(4.0, 0.6)))
-        arrivals.append(_Req(rid, t, inp, out, ids.trace()))
-        rid += 1
-    waiting: list[_Req] = []
-    running: list[_Req] = []
-    now = cfg.t0_ns
-    step_id = 0
-    window: list[dict[str, Any]] = []
-    win_trace, win_span, win_start = ids.trace(), ids.span(), now
-    ai = 0
-    while ai < len(arrivals) or waiting or running:
-        while ai < len(arrivals) and arrivals[ai].arrival <= now:
-            r = arrivals[ai]
-            r.queued = r.arrival + int((0.05 + r.input_tokens * 0.0002) * _MS)
-            waiting.append(r)
-            ai += 1
-        if not waiting and not running:
-            if window:
-                yield _window_doc(cfg, window, win_trace, win_span, win_start, now, step_id)
-                window = []
-            now = max(now, arrivals[ai].arrival)
-            win_trace, win_span, win_start = ids.trace(), ids.span(), now
-            continue
-        ready = [r for r in waiting if r.queued <= now]
-        if not ready and not running:
-            now = min(r.queued for r in waiting)
-            continue
-        sched_end = now + int(cfg.schedule_ms * _MS * (1 + 0.05 * len(running)))
-        new = ready[: max(0, cfg.max_batch - len(running))]
+        n_out = max(4, int(rng.lognormvariate(4.0, 0.6)))
+        out.append(_Req(len(out), t, inp, n_out, ids.trace()))
+
+
+class _Engine:
+    """The continuous-batching loop; spans of the current window accumulate in ``window``."""
+
+    def __init__(self, cfg: SimConfig, ids: _Ids) -> None:
+        self.cfg, self.ids = cfg, ids
+        self.waiting: list[_Req] = []
+        self.running: list[_Req] = []
+        self.now = cfg.t0_ns
+        self.step_id = 0
+        self.steps_in_window = 0
+        self.window: list[dict[str, Any]] = []
+        self.win_trace, self.win_span, self.win_start = ids.trace(), ids.span(), self.now
+
+    def close_window(self) -> Iterator[dict[str, Any]]:
+        if self.window:
+            yield _window_doc(
+                self.cfg, self.window, self.win_trace, self.win_span, self.win_start, self.now, self.step_id
+            )
+        self.window, self.steps_in_window = [], 0
+        self.win_trace, self.win_span, self.win_start = self.ids.trace(), self.ids.span(), self.now
+
+    def step(self, ready: list[_Req]) -> list[_Req]:
+        """Run one iteration from ``self.now``; return the requests that finished in it."""
+        cfg, ids, now = self.cfg, self.ids, self.now
+        sched_end = now + int(cfg.schedule_ms * _MS * (1 + 0.05 * len(self.running)))
+        new = ready[: max(0, cfg.max_batch - len(self.running))]
         for r in new:
-            waiting.remove(r)
-            r.first_sched, r.first_step = now, step_id
+            self.waiting.remove(r)
+            r.first_sched, r.first_step = now, self.step_id
         prefill_tokens = sum(r.input_tokens for r in new)
-        decode = list(running)
+        decode = list(self.running)
         fwd_end = sched_end + int((3.0 + 0.01 * prefill_tokens + 0.15 * len(decode)) * _MS)
         samp_end = fwd_end + int(cfg.sample_ms * _MS)
         post_end = samp_end + int(cfg.postprocess_ms * _MS * (1 + 0.1 * (len(new) + len(decode))))
         batch = new + decode
         step_span = ids.span()
         links = [(r.trace_id, r.span_ids.setdefault("request", ids.span())) for r in batch]
-        window.append(
-            _span(
-                win_trace,
-                step_span,
-                win_span,
-                sc.SPAN_STEP,
-                now,
-                post_end,
-                {
-                    sc.LLM_ENGINE_ID: cfg.engine_id,
-                    sc.LLM_STEP_ID: step_id,
-                    sc.LLM_BATCH_SIZE: len(batch),
-                    sc.LLM_BATCH_PREFILL_TOKENS: prefill_tokens,
-                    sc.LLM_BATCH_DECODE_TOKENS: len(decode),
-                    sc.LLM_QUEUE_WAITING: len(waiting),
-                    sc.LLM_QUEUE_RUNNING: len(batch),
-                    sc.LLM_KV_CACHE_USAGE: round(min(1.0, len(batch) / cfg.max_batch * 0.9), 3),
-                    sc.LLM_PREEMPTED: 0,
-                },
-                links=links,
-            )
+        attrs = {
+            sc.LLM_ENGINE_ID: cfg.engine_id,
+            sc.LLM_STEP_ID: self.step_id,
+            sc.LLM_BATCH_SIZE: len(batch),
+            sc.LLM_BATCH_PREFILL_TOKENS: prefill_tokens,
+            sc.LLM_BATCH_DECODE_TOKENS: len(decode),
+            sc.LLM_QUEUE_WAITING: len(self.waiting),
+            sc.LLM_QUEUE_RUNNING: len(batch),
+            sc.LLM_KV_CACHE_USAGE: round(min(1.0, len(batch) / cfg.max_batch * 0.9), 3),
+            sc.LLM_PREEMPTED: 0,
+        }
+        self.window.append(
+            _span(self.win_trace, step_span, self.win_span, sc.SPAN_STEP, now, post_end, attrs, links=links)
         )
         for name, a, b in (
             (sc.SPAN_SCHEDULE, now, sched_end),
@@ -203,41 +193,65 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
             (sc.SPAN_POSTPROCESS, samp_end, post_end),
         ):
             extra = {sc.LLM_ENGINE_ID: cfg.engine_id} if name == sc.SPAN_FORWARD else None
-            window.append(_span(win_trace, ids.span(), step_span, name, a, b, extra))
+            self.window.append(_span(self.win_trace, ids.span(), step_span, name, a, b, extra))
         for r in new:
-            r.first_token = samp_end
-            r.done_tokens = 1
+            r.first_token, r.done_tokens = samp_end, 1
         for r in decode:
             r.done_tokens += 1
-        running = [r for r in batch if r.done_tokens < r.output_tokens]
-        for r in batch:
-            if r.done_tokens >= r.output_tokens:
-                r.end, r.last_step = post_end, step_id
-                yield _request_doc(cfg, r, ids)
-        now = post_end
-        step_id += 1
-        if step_id % cfg.gc_every_steps == 0:
-            window.append(
+        self.running = [r for r in batch if r.done_tokens < r.output_tokens]
+        finished = [r for r in batch if r.done_tokens >= r.output_tokens]
+        for r in finished:
+            r.end, r.last_step = post_end, self.step_id
+        self.now = post_end
+        self.step_id += 1
+        self.steps_in_window += 1
+        if self.step_id % cfg.gc_every_steps == 0:
+            gc_end = self.now + int(cfg.gc_ms * _MS)
+            self.window.append(
                 _span(
-                    win_trace,
+                    self.win_trace,
                     ids.span(),
-                    win_span,
+                    self.win_span,
                     sc.SPAN_GC,
-                    now,
-                    now + int(cfg.gc_ms * _MS),
+                    self.now,
+                    gc_end,
                     {sc.LLM_GC_GENERATION: 2},
                 )
             )
-            now += int(cfg.gc_ms * _MS)
-        if len([w for w in window if w["name"] == sc.SPAN_STEP]) >= cfg.window_steps:
-            yield _window_doc(cfg, window, win_trace, win_span, win_start, now, step_id)
-            window = []
-            win_trace, win_span, win_start = ids.trace(), ids.span(), now
-    if window:
-        yield _window_doc(cfg, window, win_trace, win_span, win_start, now, step_id)
+            self.now = gc_end
+        return finished
 
 
-def _window_doc(
+def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
+    """Yield OTLP ``ExportTraceServiceRequest`` dicts: one per engine window, one per request."""
+    rng = random.Random(cfg.seed)
+    ids = _Ids(rng)
+    arrivals = _arrivals(cfg, rng, ids)
+    eng = _Engine(cfg, ids)
+    ai = 0
+    while ai < len(arrivals) or eng.waiting or eng.running:
+        while ai < len(arrivals) and arrivals[ai].arrival <= eng.now:
+            r = arrivals[ai]
+            r.queued = r.arrival + int((0.05 + r.input_tokens * 0.0002) * _MS)
+            eng.waiting.append(r)
+            ai += 1
+        if not eng.waiting and not eng.running:  # idle: close the window, sleep until the next arrival
+            yield from eng.close_window()
+            eng.now = max(eng.now, arrivals[ai].arrival)
+            eng.win_start = eng.now
+            continue
+        ready = [r for r in eng.waiting if r.queued <= eng.now]
+        if not ready and not eng.running:
+            eng.now = min(r.queued for r in eng.waiting)
+            continue
+        for r in eng.step(ready):
+            yield _request_doc(cfg, r, ids)
+        if eng.steps_in_window >= cfg.window_steps:
+            yield from eng.close_window()
+    yield from eng.close_window()
+
+
+def _window_doc(  # noqa: PLR0917 - internal helper, called in one place
     cfg: SimConfig,
     spans: list[dict[str, Any]],
     trace_id: str,

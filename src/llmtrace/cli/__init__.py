@@ -64,34 +64,62 @@ exit codes: 0 no regression, 1 regression, 2 bad input
 
 
 def _add_analyze(sub: Any) -> None:
-    p = sub.add_parser("analyze", help="analyse traces from files or Jaeger", epilog=_ANALYZE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Critical path, phase breakdown, GPU idle gaps, bottleneck and anomalies.")
+    p = sub.add_parser(
+        "analyze",
+        help="analyse traces from files or Jaeger",
+        epilog=_ANALYZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Critical path, phase breakdown, GPU idle gaps, bottleneck and anomalies.",
+    )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="trace file(s) or a Jaeger URL")
-    p.add_argument("--service", action="append", metavar="NAME",
-                   help="only traces touching this service (repeatable; Jaeger: default all services)")
+    p.add_argument(
+        "--service",
+        action="append",
+        metavar="NAME",
+        help="only traces touching this service (repeatable; Jaeger: default all services)",
+    )
     p.add_argument("--since", metavar="TIME", help="window start: 15m, 2h, 1d ago, RFC 3339 or Unix seconds")
     p.add_argument("--until", metavar="TIME", help="window end (default: now)")
-    p.add_argument("--limit", type=int, default=1000, metavar="N",
-                   help="traces per Jaeger query; full windows are split and re-fetched (default 1000)")
-    p.add_argument("--api", choices=("auto", "v3", "legacy"), default="auto", help="Jaeger API (default auto)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="traces per Jaeger query; full windows are split and re-fetched (default 1000)",
+    )
+    p.add_argument(
+        "--api", choices=("auto", "v3", "legacy"), default="auto", help="Jaeger API (default auto)"
+    )
     p.add_argument("--json", metavar="PATH", help='write the JSON summary ("-" for stdout)')
     p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
-    p.add_argument("--overlap-allowance-ms", type=float, default=0.0, metavar="MS",
-                   help="critical path: let a child overlap the next one by this much (default 0)")
-    p.add_argument("--no-skew-adjust", action="store_true", help="do not shift cross-process children into parents")
+    p.add_argument(
+        "--overlap-allowance-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="critical path: let a child overlap the next one by this much (default 0)",
+    )
+    p.add_argument(
+        "--no-skew-adjust", action="store_true", help="do not shift cross-process children into parents"
+    )
     p.add_argument("--anomalies", type=int, default=5, metavar="N", help="anomalies shown in the report")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no report (files only)")
     p.set_defaults(func=_lazy("llmtrace.cli._analyze", "run_analyze"))
 
 
 def _add_compare(sub: Any) -> None:
-    p = sub.add_parser("compare", help="compare two runs; exit 1 on regression (CI gate)", epilog=_COMPARE_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Per-metric deltas with a significance test.")
+    p = sub.add_parser(
+        "compare",
+        help="compare two runs; exit 1 on regression (CI gate)",
+        epilog=_COMPARE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Per-metric deltas with a significance test.",
+    )
     p.add_argument("base", metavar="BASE")
     p.add_argument("current", metavar="CURRENT")
-    p.add_argument("--threshold", type=float, default=0.10, help="relative worsening that fails (default 0.10)")
+    p.add_argument(
+        "--threshold", type=float, default=0.10, help="relative worsening that fails (default 0.10)"
+    )
     p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
     p.add_argument("--json", metavar="PATH", help='write the comparison as JSON ("-" for stdout)')
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no table")
@@ -99,11 +127,18 @@ def _add_compare(sub: Any) -> None:
 
 
 def _add_demo(sub: Any) -> None:
-    p = sub.add_parser("demo", help="run the reference server traced, with load, then analyse",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html\n")
-    p.add_argument("--duration-s", type=float, default=40.0,
-                   help="load duration in seconds (default 40: about a minute in all on 2 cores)")
+    p = sub.add_parser(
+        "demo",
+        help="run the reference server traced, with load, then analyse",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html\n",
+    )
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=40.0,
+        help="load duration in seconds (default 40: about a minute in all on 2 cores)",
+    )
     p.add_argument("--requests", type=int, default=None, help="stop after this many requests")
     p.add_argument("--concurrency", type=int, default=32, help="most requests in flight at once (default 32)")
     p.add_argument("--output", metavar="PATH", default=None, help="trace file to write (OTLP JSON lines)")
@@ -114,9 +149,12 @@ def _add_demo(sub: Any) -> None:
 
 
 def _add_doctor(sub: Any) -> None:
-    p = sub.add_parser("doctor", help="check NVML, the collector endpoint and installed integrations",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="examples:\n  llmtrace doctor\n  llmtrace doctor --endpoint http://otel:4317 --json\n")
+    p = sub.add_parser(
+        "doctor",
+        help="check NVML, the collector endpoint and installed integrations",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  llmtrace doctor\n  llmtrace doctor --endpoint http://otel:4317 --json\n",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--endpoint", metavar="URL", help="OTLP endpoint to check (default: from the environment)")
     p.set_defaults(func=_lazy("llmtrace.gpu.doctor", "run_doctor"))
@@ -138,8 +176,9 @@ def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmtrace", description=_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="llmtrace", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     from llmtrace import _version
 
     parser.add_argument("--version", action="version", version=f"llmtrace {_version.__version__}")
@@ -169,8 +208,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        print(f"llmtrace: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
-              file=sys.stderr)
+        print(
+            f"llmtrace: internal error: {type(exc).__name__}: {exc} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_INTERNAL
 
 

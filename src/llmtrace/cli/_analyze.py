@@ -14,7 +14,7 @@ from llmtrace.analysis.sources import is_url, load_spans
 from llmtrace.analysis.summary import Analysis, analyze, to_json
 from llmtrace.cli._progress import Progress
 from llmtrace.cli._timeparse import parse_time
-from llmtrace.errors import LLMTraceError, SourceError
+from llmtrace.errors import LLMTraceError
 
 
 def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:
@@ -36,11 +36,21 @@ def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: boo
     warnings: list[str] = []
     for src in sources:
         label = src if len(src) <= 40 else "…" + src[-39:]
-        bar = Progress(f"{'fetching' if is_url(src) else 'reading'} {label}", enabled=False if quiet else None,
-                       unit="window" if is_url(src) else "bytes")
+        bar = Progress(
+            f"{'fetching' if is_url(src) else 'reading'} {label}",
+            enabled=False if quiet else None,
+            unit="window" if is_url(src) else "bytes",
+        )
         try:
-            loaded = load_spans(src, services=getattr(args, "service", None), since_ns=since, until_ns=until,
-                                limit=getattr(args, "limit", 1000), api=getattr(args, "api", "auto"), progress=bar)
+            loaded = load_spans(
+                src,
+                services=getattr(args, "service", None),
+                since_ns=since,
+                until_ns=until,
+                limit=getattr(args, "limit", 1000),
+                api=getattr(args, "api", "auto"),
+                progress=bar,
+            )
         finally:
             bar.close()
         spans.extend(loaded.spans)

@@ -22,7 +22,12 @@ _SUMMARY_MAX_BYTES = 64 * 1024 * 1024
 
 def _as_summary(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     """A saved summary is used as is; anything else is analysed as a trace source."""
-    if not is_url(spec) and spec != "-" and os.path.isfile(spec) and os.path.getsize(spec) < _SUMMARY_MAX_BYTES:
+    if (
+        not is_url(spec)
+        and spec != "-"
+        and os.path.isfile(spec)
+        and os.path.getsize(spec) < _SUMMARY_MAX_BYTES
+    ):
         with open(spec, "rb") as fh:
             head = fh.read(256)
             if head[:2] != b"\x1f\x8b" and SCHEMA.encode() in head + fh.read(4096):
@@ -40,9 +45,16 @@ def run_compare(args: argparse.Namespace) -> int:
     current = _as_summary(args.current, args)
     rows = compare(base, current, threshold=args.threshold, alpha=args.alpha)
     if args.json:
-        doc = {"schema": "llmtrace.compare", "schema_version": 1, "base": args.base, "current": args.current,
-               "threshold": args.threshold, "alpha": args.alpha, "regression": any(r.regression for r in rows),
-               "metrics": [asdict(r) for r in rows]}
+        doc = {
+            "schema": "llmtrace.compare",
+            "schema_version": 1,
+            "base": args.base,
+            "current": args.current,
+            "threshold": args.threshold,
+            "alpha": args.alpha,
+            "regression": any(r.regression for r in rows),
+            "metrics": [asdict(r) for r in rows],
+        }
         write_text(args.json, json.dumps(doc, indent=2) + "\n")
     if not args.quiet and args.json != "-":
         from llmtrace.analysis.report.terminal import render_compare

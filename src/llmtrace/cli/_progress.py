@@ -22,8 +22,9 @@ def _human(n: float) -> str:
 class Progress:
     """Callable ``(done, total)``; ``total == 0`` means unknown (a spinner-like byte count)."""
 
-    def __init__(self, label: str, *, enabled: bool | None = None, stream: TextIO | None = None,
-                 unit: str = "bytes") -> None:
+    def __init__(
+        self, label: str, *, enabled: bool | None = None, stream: TextIO | None = None, unit: str = "bytes"
+    ) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.label = label

@@ -43,9 +43,15 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
         f"{req['output_tokens_per_s']:.0f} output tok/s"
     )
     lines += ["", f"{'Latency':<22}{'p50':>10}{'p90':>10}{'p99':>10}"]
-    for key, label in (("ttft_s", "time to first token"), ("e2e_s", "end to end"), ("tpot_s", "per output token")):
+    for key, label in (
+        ("ttft_s", "time to first token"),
+        ("e2e_s", "end to end"),
+        ("tpot_s", "per output token"),
+    ):
         d = req.get(key) or {}
-        lines.append(f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}")
+        lines.append(
+            f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}"
+        )
     lines += _phases(summary["breakdown"])
     lines += _critical_path(summary["critical_path"])
     lines += _gpu_idle(summary["gpu_idle"])
@@ -56,12 +62,16 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _row(d: Mapping[str, Any]) -> str:
+    return f"{fmt_s(d['p50_s']):>10}{fmt_s(d['p99_s']):>10}{_pct(d['share']):>8}  {_bar(d['share'])}"
+
+
 def _phases(breakdown: Mapping[str, Any]) -> list[str]:
     out = ["", f"{'Phase breakdown':<22}{'p50':>10}{'p99':>10}{'share':>8}  of request latency"]
     for phase, d in breakdown.items():
         if not d["share"] and not d["p99_s"]:
             continue
-        out.append(f"  {phase:<20}{fmt_s(d['p50_s']):>10}{fmt_s(d['p99_s']):>10}{_pct(d['share']):>8}  {_bar(d['share'])}")
+        out.append(f"  {phase:<20}{_row(d)}")
     return out
 
 
@@ -69,7 +79,7 @@ def _critical_path(cp: Mapping[str, Any], top: int = 8) -> list[str]:
     out = ["", f"{'Critical path':<22}{'p50':>10}{'p99':>10}{'share':>8}  exclusive time on the path"]
     for name, d in list(cp.items())[:top]:
         label = name if len(name) <= 20 else name[:19] + "…"
-        out.append(f"  {label:<20}{fmt_s(d['p50_s']):>10}{fmt_s(d['p99_s']):>10}{_pct(d['share']):>8}  {_bar(d['share'])}")
+        out.append(f"  {label:<20}{_row(d)}")
     return out
 
 
@@ -83,7 +93,8 @@ def _gpu_idle(idle: Mapping[str, Any]) -> list[str]:
             f"{d['gaps']:,} gaps (p50 {fmt_s(d['gap_p50_s'])}, p99 {fmt_s(d['gap_p99_s'])})"
         )
         out.append(
-            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · nothing to do {fmt_s(d['nothing_to_do_s'])}"
+            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · "
+            f"nothing to do {fmt_s(d['nothing_to_do_s'])}"
         )
         total = d["total_s"] or 1.0
         causes = sorted(((k, v) for k, v in d["by_cause_s"].items() if v), key=lambda kv: -kv[1])
@@ -106,20 +117,27 @@ def _anomalies(anomalies: Sequence[Mapping[str, Any]], top: int) -> list[str]:
     out = ["", f"Anomalies ({len(anomalies)}; worst {min(top, len(anomalies))} shown)"]
     for a in anomalies[:top]:
         out.append(
-            f"  {a['request_id']:<14} {a['metric']:<7}{fmt_s(a['value']):>10} vs median {fmt_s(a['median']):>9}"
-            f" (z {a['z']:.1f}, {a['bucket']} tokens) — mostly {a['dominant_segment']} {fmt_s(a['dominant_s'])}"
+            f"  {a['request_id']:<14} {a['metric']:<7}{fmt_s(a['value']):>10} "
+            f"vs median {fmt_s(a['median']):>9} (z {a['z']:.1f}, {a['bucket']} tokens) — "
+            f"mostly {a['dominant_segment']} {fmt_s(a['dominant_s'])}"
             f"  trace {a['trace_id']}"
         )
     return out
 
 
 def render_compare(rows: Sequence[Any], base: str, current: str) -> str:
-    out = [f"llmtrace compare — base {base} vs current {current}", "",
-           f"  {'metric':<28}{'base':>11}{'current':>11}{'change':>9}{'p':>9}  verdict"]
+    out = [
+        f"llmtrace compare — base {base} vs current {current}",
+        "",
+        f"  {'metric':<28}{'base':>11}{'current':>11}{'change':>9}{'p':>9}  verdict",
+    ]
     for r in rows:
         is_ratio = r.metric.startswith("gpu_idle")
-        fmt = (lambda v: f"{v:.1%}") if is_ratio else (
-            (lambda v: f"{v:.3g}") if "throughput" in r.metric else fmt_s)
+        fmt = (
+            (lambda v: f"{v:.1%}")
+            if is_ratio
+            else ((lambda v: f"{v:.3g}") if "throughput" in r.metric else fmt_s)
+        )
         change = f"{r.change * 100:+.1f}pt" if is_ratio else f"{r.change:+.1%}"
         p = "-" if r.p_value is None else f"{r.p_value:.3g}"
         verdict = "REGRESSION" if r.regression else "ok"

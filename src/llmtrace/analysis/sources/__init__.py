@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.errors import EmptySourceError
 from llmtrace.analysis.model import Span
-from llmtrace.analysis.sources.files import ReadStats, iter_file_spans
+from llmtrace.analysis.sources.files import ReadStats, iter_file_batches, iter_file_spans
 from llmtrace.analysis.sources.jaeger import DEFAULT_LIMIT, JaegerSource
 
 if TYPE_CHECKING:
@@ -64,7 +65,10 @@ def load_spans(
         warnings = client.stats.warnings(spec) + client.warnings
     else:
         stats = ReadStats()
-        spans = list(iter_file_spans(spec, stats=stats, progress=progress))
+        spans = []
+        with paused_gc():
+            for batch in iter_file_batches(spec, stats=stats, progress=progress):
+                spans += batch
         warnings = stats.warnings(spec)
         spans = _filter(spans, services, since_ns, until_ns)
     if not spans:

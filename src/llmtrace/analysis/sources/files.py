@@ -51,30 +51,30 @@ class ReadStats:
 
 def spans_from_document(
     doc: Any, *, source: str, position: str, intern: Interner, stats: ReadStats
-) -> Iterator[Span]:
+) -> list[Span]:
     """Dispatch one decoded JSON object on its shape (see :func:`document_kind`)."""
     kind = document_kind(doc)
     stats.documents += 1
     if kind == "otlp":
-        yield from spans_from_otlp(doc, source=source, position=position, intern=intern)
-    elif kind == "jaeger_v3":
-        yield from spans_from_otlp(doc["result"], source=source, position=position, intern=intern)
-    elif kind == "jaeger_legacy":
-        yield from spans_from_jaeger_legacy(doc, source=source, position=position, intern=intern)
-    elif kind in ("metrics", "logs"):
+        return spans_from_otlp(doc, source=source, position=position, intern=intern)
+    if kind == "jaeger_v3":
+        return spans_from_otlp(doc["result"], source=source, position=position, intern=intern)
+    if kind == "jaeger_legacy":
+        return spans_from_jaeger_legacy(doc, source=source, position=position, intern=intern)
+    if kind in ("metrics", "logs"):
         stats.skipped[kind] = stats.skipped.get(kind, 0) + 1
-    elif kind == "jaeger_error":
+        return []
+    if kind == "jaeger_error":
         err = doc["error"]
         code = err.get("httpCode", err.get("code")) if isinstance(err, dict) else None
         if code == 404:  # Jaeger's "no traces found" — an empty result, not a failure
             stats.skipped["empty-result"] = stats.skipped.get("empty-result", 0) + 1
-            return
+            return []
         raise SourceError(source, f"Jaeger error response: {err}", position)
-    else:
-        keys = ", ".join(list(doc)[:4]) if isinstance(doc, dict) else type(doc).__name__
-        raise SourceError(
-            source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position
-        )
+    keys = ", ".join(list(doc)[:4]) if isinstance(doc, dict) else type(doc).__name__
+    raise SourceError(
+        source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position
+    )
 
 
 def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
@@ -100,6 +100,14 @@ def iter_file_spans(
     path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None
 ) -> Iterator[Span]:
     """Stream the spans of a trace file; raise :class:`SourceError` on unreadable input."""
+    for batch in iter_file_batches(path, stats=stats, progress=progress):
+        yield from batch
+
+
+def iter_file_batches(
+    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None
+) -> Iterator[list[Span]]:
+    """Stream a trace file one document (one exporter batch) at a time."""
     stats = stats if stats is not None else ReadStats()
     intern = Interner()
     try:
@@ -120,7 +128,17 @@ def iter_file_spans(
         except DecodeErrors:
             first_doc = None
         if isinstance(first_doc, dict):
-            yield from _iter_lines(path, stream, raw, size, first_doc, lineno, intern, stats, progress)
+            yield from _iter_lines(
+                path,
+                stream,
+                raw=raw,
+                size=size,
+                first_doc=first_doc,
+                lineno=lineno,
+                intern=intern,
+                stats=stats,
+                progress=progress,
+            )
         else:
             text = first + stream.read()
             if progress:
@@ -142,6 +160,7 @@ def iter_file_spans(
 def _iter_lines(
     path: str,
     stream: BinaryIO,
+    *,
     raw: BinaryIO,
     size: int,
     first_doc: Any,
@@ -149,10 +168,8 @@ def _iter_lines(
     intern: Interner,
     stats: ReadStats,
     progress: ProgressFn | None,
-) -> Iterator[Span]:
-    yield from spans_from_document(
-        first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats
-    )
+) -> Iterator[list[Span]]:
+    yield spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
     tick = 0
     for line in stream:
         lineno += 1
@@ -168,9 +185,7 @@ def _iter_lines(
             col = getattr(exc, "colno", None)
             pos = f"line {lineno}" + (f", column {col}" if col else "")
             raise SourceError(path, f"malformed JSON: {short_message(exc)}", pos) from None
-        yield from spans_from_document(
-            doc, source=path, position=f"line {lineno}", intern=intern, stats=stats
-        )
+        yield spans_from_document(doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
         tick += 1
         if progress is not None and tick % 64 == 0:
             progress(raw.tell() if size else 0, size)
@@ -178,7 +193,7 @@ def _iter_lines(
         progress(size, size)
 
 
-def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStats) -> Iterator[Span]:
+def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStats) -> Iterator[list[Span]]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -198,7 +213,7 @@ def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStat
             ) from None
         count += 1
         position = error_position_text(text, pos)
-        yield from spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)
+        yield spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)
         pos = end
     if count == 0:
         raise SourceError(path, "no JSON document found", "line 1")
@@ -210,4 +225,4 @@ def error_position_text(text: str, pos: int) -> str:
     return f"line {line}, column {col}"
 
 
-__all__ = ["ReadStats", "error_position", "iter_file_spans", "spans_from_document"]
+__all__ = ["ReadStats", "error_position", "iter_file_batches", "iter_file_spans", "spans_from_document"]

@@ -11,7 +11,7 @@ from the attributes so both sources produce the same spans.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from llmtrace.analysis.errors import SourceError
@@ -41,8 +41,9 @@ def _tags(raw: Any, intern: Interner) -> dict[str, Any]:
 
 def spans_from_jaeger_legacy(
     doc: Mapping[str, Any], *, source: str, position: str, intern: Interner
-) -> Iterator[Span]:
-    """Yield the spans of every trace in a ``{"data": [...]}`` response."""
+) -> list[Span]:
+    """The spans of every trace in a ``{"data": [...]}`` response."""
+    out: list[Span] = []
     for ti, trace in enumerate(doc.get("data") or ()):
         processes: dict[str, tuple[str, Mapping[str, Any]]] = {}
         for pid, proc in (trace.get("processes") or {}).items():
@@ -52,10 +53,11 @@ def spans_from_jaeger_legacy(
             processes[pid] = (service, attrs or EMPTY_ATTRS)
         for si, sp in enumerate(trace.get("spans") or ()):
             try:
-                yield _span(sp, processes, intern)
+                out.append(_span(sp, processes, intern))
             except (KeyError, ValueError, TypeError, AttributeError) as exc:
                 msg = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"bad span: {exc}"
                 raise SourceError(source, msg, f"{position}: data[{ti}].spans[{si}]") from None
+    return out
 
 
 def _span(

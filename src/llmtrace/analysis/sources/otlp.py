@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmtrace.analysis.errors import SourceError
@@ -128,24 +128,26 @@ def _resource(raw: Any, intern: Interner) -> tuple[str, Mapping[str, Any]]:
     return intern(str(service)) if service is not None else "", attrs or EMPTY_ATTRS
 
 
-def spans_from_otlp(
-    doc: Mapping[str, Any], *, source: str, position: str, intern: Interner
-) -> Iterator[Span]:
-    """Yield the spans of one ``ExportTraceServiceRequest`` (or ``TracesData``) object.
+def spans_from_otlp(doc: Mapping[str, Any], *, source: str, position: str, intern: Interner) -> list[Span]:
+    """The spans of one ``ExportTraceServiceRequest`` (or ``TracesData``) object.
 
     A span missing a required field raises :class:`SourceError` naming ``position`` and the
     JSON path of the span, e.g. ``line 12: resourceSpans[0].scopeSpans[1].spans[4]``.
     """
+    out: list[Span] = []
+    append = out.append
     for ri, rs in enumerate(doc.get("resourceSpans") or ()):
         service, resource = _resource(rs.get("resource"), intern)
         scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
         for si, ss in enumerate(scopes):
-            for pi, sp in enumerate(ss.get("spans") or ()):
-                try:
-                    yield _span(sp, service, resource, intern)
-                except (KeyError, ValueError, TypeError, AttributeError) as exc:
-                    where = f"{position}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
-                    raise SourceError(source, _describe(exc), where) from None
+            pi = 0
+            try:
+                for pi, sp in enumerate(ss.get("spans") or ()):  # noqa: B007 - pi names the failing span
+                    append(_span(sp, service, resource, intern))
+            except (KeyError, ValueError, TypeError, AttributeError) as exc:
+                where = f"{position}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
+                raise SourceError(source, _describe(exc), where) from None
+    return out
 
 
 def _describe(exc: Exception) -> str:
@@ -213,17 +215,14 @@ def document_kind(doc: Any) -> str:
     ``logs``, ``jaeger_error`` or ``unknown``."""
     if not isinstance(doc, dict):
         return "unknown"
-    if "resourceSpans" in doc:
-        return "otlp"
-    if "resourceMetrics" in doc:
-        return "metrics"
-    if "resourceLogs" in doc:
-        return "logs"
-    result = doc.get("result")
-    if isinstance(result, dict):
+    for key, kind in _TOP_LEVEL_KEYS:
+        if key in doc:
+            return kind
+    if isinstance(doc.get("result"), dict):
         return "jaeger_v3"
     if isinstance(doc.get("data"), list):
         return "jaeger_legacy"
-    if "error" in doc:
-        return "jaeger_error"
-    return "unknown"
+    return "jaeger_error" if "error" in doc else "unknown"
+
+
+_TOP_LEVEL_KEYS = (("resourceSpans", "otlp"), ("resourceMetrics", "metrics"), ("resourceLogs", "logs"))

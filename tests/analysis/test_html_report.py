@@ -1,0 +1,114 @@
+"""The HTML report in a real browser: it renders, logs nothing to the console, shows every chart.
+
+Headless Chromium (Debian's ``chromium``) loads the self-contained file twice: once with
+``--dump-dom`` to read the DOM after the script ran, once with ``--screenshot`` to leave
+``artifacts/analysis-report.png`` for people to look at. Console output is read from
+Chromium's own log (``--enable-logging=stderr``): the report's script never logs, so any
+``CONSOLE`` line — an uncaught exception, a CSP violation — fails the test.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llmtrace.analysis import analyze, build_traceset, to_json
+from llmtrace.analysis.report.html import render_html
+from llmtrace.analysis.sources import load_spans
+from llmtrace.analysis.synthetic import SimConfig, write_jsonl
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "artifacts"
+EXPECTED_IDS = (
+    "summary-cards",
+    "bottleneck",
+    "timeline-svg",
+    "gpu-idle",
+    "breakdown-svg",
+    "scatter-ttft-svg",
+    "scatter-e2e-svg",
+    "flame-svg",
+    "critical-path",
+    "anomalies",
+)
+_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+)
+
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("headless Chromium not installed (apt-get install chromium)")
+
+
+def _run(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [browser, *_FLAGS, f"--user-data-dir={profile}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("html")
+    traces = tmp / "sim.jsonl.gz"
+    write_jsonl(str(traces), SimConfig(duration_s=6, arrival_rate=12))
+    loaded = load_spans(str(traces))
+    summary = to_json(analyze(build_traceset(loaded.spans), source="simulated server"), include_views=True)
+    page = tmp / "report.html"
+    page.write_text(render_html(summary), encoding="utf-8")
+    return page
+
+
+def test_report_is_self_contained(report: Path) -> None:
+    """No external URL is referenced: no CDN, no fonts, no images from the network."""
+    html = report.read_text(encoding="utf-8")
+    assert re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html) == []
+    assert "default-src 'none'" in html
+
+
+def test_report_renders_without_console_errors(report: Path, tmp_path: Path) -> None:
+    """Chromium runs the script to the end, logs nothing, and every chart element exists."""
+    browser = _chromium()
+    proc = _run(browser, tmp_path / "profile", "--dump-dom", report.as_uri())
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == []
+    dom = proc.stdout
+    assert 'data-rendered="1"' in dom
+    missing = [i for i in EXPECTED_IDS if f'id="{i}"' not in dom]
+    assert missing == []
+    assert dom.count('class="forward"') > 10  # forward passes drawn in the timeline
+    assert dom.count('class="gap"') > 10  # idle gaps shaded
+    assert dom.count('class="pt"') > 20  # scatter points
+
+
+def test_report_screenshot_is_saved_for_review(report: Path, tmp_path: Path) -> None:
+    """A full-page screenshot lands in artifacts/ (gitignored) for people to look at."""
+    browser = _chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "analysis-report.png"
+    shot.unlink(missing_ok=True)
+    _run(browser, tmp_path / "profile", f"--screenshot={shot}", "--window-size=1400,2000", report.as_uri())
+    assert shot.exists()
+    assert shot.stat().st_size > 20_000  # a blank page is a few kB
