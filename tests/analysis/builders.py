@@ -51,7 +51,7 @@ def span(
     )
 
 
-def request_trace(  # noqa: PLR0917 - a phase per positional argument, in order
+def request_trace(
     trace: str,
     start: float,
     tokenize: float,

@@ -79,4 +79,4 @@ def test_one_slow_request_among_peers_is_an_anomaly_with_its_dominant_segment() 
 def test_small_buckets_are_not_judged() -> None:
     """Fewer than MIN_BUCKET peers: no anomalies, however different."""
     spans = request_trace("a" * 32, 0, 1, 2, 3, 4) + request_trace("b" * 32, 0, 1, 200, 3, 4)
-    assert find_anomalies(build_traceset(spans).requests, {}) == []
+    assert [] == find_anomalies(build_traceset(spans).requests, {})

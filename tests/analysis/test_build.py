@@ -15,8 +15,8 @@ def test_request_view_finds_server_parent_and_phases() -> None:
     [r] = ts.requests
     assert r.server is not None and r.root is r.server
     assert {sc.SPAN_TOKENIZE, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE} == set(r.phases)
-    assert round(r.e2e_s, 9) == 0.011
-    assert round(r.ttft_s or 0, 9) == 0.006
+    assert 0.011 == round(r.e2e_s, 9)
+    assert 0.006 == round(r.ttft_s or 0, 9)
 
 
 def test_duplicate_spans_are_dropped_with_a_warning() -> None:
@@ -44,10 +44,10 @@ def test_clock_skew_between_processes_is_corrected() -> None:
     grandchild = span("llm.forward", 80, 90, parent=child, service="engine", resource={"host.name": "b"})
     ts = build_traceset([parent, child, grandchild])
     moved = {s.name: s for s in ts.traces[0].spans}
-    assert (moved["engine.work"].start_ns, moved["engine.work"].end_ns) == (T0 + 20_000_000, T0 + 80_000_000)
-    assert (moved["llm.forward"].start_ns, moved["llm.forward"].end_ns) == (T0 + 30_000_000, T0 + 40_000_000)
+    assert (T0 + 20_000_000, T0 + 80_000_000) == (moved["engine.work"].start_ns, moved["engine.work"].end_ns)
+    assert (T0 + 30_000_000, T0 + 40_000_000) == (moved["llm.forward"].start_ns, moved["llm.forward"].end_ns)
     sections = critical_path(ts.traces[0], moved["llm.request"])
-    assert sum(s.duration_ns for s in sections) == 100_000_000
+    assert 100_000_000 == sum(s.duration_ns for s in sections)
 
 
 def test_skew_is_left_alone_within_one_process() -> None:
@@ -55,7 +55,7 @@ def test_skew_is_left_alone_within_one_process() -> None:
     parent = span("p", 0, 100)
     child = span("c", 90, 120, parent=parent)
     ts = build_traceset([parent, child])
-    assert next(s for s in ts.traces[0].spans if s.name == "c").start_ns == T0 + 90_000_000
+    assert T0 + 90_000_000 == next(s for s in ts.traces[0].spans if s.name == "c").start_ns
 
 
 def test_engine_view_joins_steps_to_requests_by_link_and_step_id() -> None:
@@ -64,7 +64,7 @@ def test_engine_view_joins_steps_to_requests_by_link_and_step_id() -> None:
     window = engine_window("dp0", [(3.0, 3.5, 5.5, 6.0), (6.0, 6.5, 9.5, 10.0)])
     ts = build_traceset(req + window)
     [r] = ts.requests
-    assert [s.step_id for s in ts.steps_of(r)] == [0, 1]
+    assert [0, 1] == [s.step_id for s in ts.steps_of(r)]
     request_span = next(s for s in req if s.name == sc.SPAN_REQUEST)
     linked = span(
         sc.SPAN_STEP,
@@ -75,4 +75,4 @@ def test_engine_view_joins_steps_to_requests_by_link_and_step_id() -> None:
         links=(Link(request_span.trace_id, request_span.span_id),),
     )
     ts = build_traceset([*req, linked])
-    assert [s.step_id for s in ts.steps_of(ts.requests[0])] == [99]
+    assert [99] == [s.step_id for s in ts.steps_of(ts.requests[0])]

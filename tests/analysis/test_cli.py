@@ -32,11 +32,11 @@ def test_analyze_prints_report_and_writes_json_with_required_keys(
 ) -> None:
     """The JSON summary has every key the schema promises (issue 6, item 10)."""
     out = tmp_path / "s.json"
-    assert main(["analyze", str(sim), "--json", str(out)]) == 0
+    assert 0 == main(["analyze", str(sim), "--json", str(out)])
     report = capsys.readouterr().out
     assert "Bottleneck:" in report and "GPU idle" in report
     s = json.loads(out.read_text())
-    assert (s["schema_version"], s["schema"]) == (1, "llmtrace.analysis")
+    assert (1, "llmtrace.analysis") == (s["schema_version"], s["schema"])
     assert s["requests"]["count"] > 0
     for key in ("ttft_s", "e2e_s"):
         assert {"p50", "p90", "p99"} <= set(s["requests"][key])
@@ -50,8 +50,8 @@ def test_analyze_prints_report_and_writes_json_with_required_keys(
 
 def test_json_to_stdout_is_pure_json(sim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--json - writes only JSON on stdout (pipe into jq)."""
-    assert main(["analyze", str(sim), "--json", "-", "-q"]) == 0
-    assert json.loads(capsys.readouterr().out)["schema"] == "llmtrace.analysis"
+    assert 0 == main(["analyze", str(sim), "--json", "-", "-q"])
+    assert "llmtrace.analysis" == json.loads(capsys.readouterr().out)["schema"]
 
 
 def test_compare_same_run_passes_and_slower_run_fails(
@@ -59,11 +59,11 @@ def test_compare_same_run_passes_and_slower_run_fails(
 ) -> None:
     """compare exits 0 against itself and 1 when latency regressed significantly."""
     base = tmp_path / "base.json"
-    assert main(["analyze", str(sim), "--json", str(base), "-q"]) == 0
-    assert main(["compare", str(base), str(sim)]) == 0
+    assert 0 == main(["analyze", str(sim), "--json", str(base), "-q"])
+    assert 0 == main(["compare", str(base), str(sim)])
     assert "no regression" in capsys.readouterr().out
     delta = tmp_path / "delta.json"
-    assert main(["compare", str(base), str(slow_sim), "--json", str(delta)]) == 1
+    assert 1 == main(["compare", str(base), str(slow_sim), "--json", str(delta)])
     assert "REGRESSION" in capsys.readouterr().out
     doc = json.loads(delta.read_text())
     assert doc["regression"] is True
@@ -77,7 +77,7 @@ def test_compare_rejects_a_summary_of_another_schema_version(
     """A summary with a different schema_version is a one-line error, exit 2."""
     bad = tmp_path / "old.json"
     bad.write_text(json.dumps({"schema": "llmtrace.analysis", "schema_version": 99}))
-    assert main(["compare", str(bad), str(sim), "-q"]) == 2
+    assert 2 == main(["compare", str(bad), str(sim), "-q"])
     assert "schema_version 99" in capsys.readouterr().err
 
 
@@ -95,22 +95,22 @@ def test_bad_input_is_one_line_and_exit_2(
     """Malformed, empty or foreign input: exit 2 and exactly one line on stderr."""
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
-    assert main(["analyze", str(path)]) == 2
+    assert 2 == main(["analyze", str(path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1
+    assert 1 == len(err)
     assert expected in err[0]
 
 
 def test_unreachable_jaeger_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     """A Jaeger URL nobody listens on: a one-line error naming the URL."""
-    assert main(["analyze", "http://127.0.0.1:9", "--service", "x", "-q"]) == 2
+    assert 2 == main(["analyze", "http://127.0.0.1:9", "--service", "x", "-q"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "http://127.0.0.1:9" in err[0] and "cannot reach Jaeger" in err[0]
 
 
 def test_bad_time_window_is_rejected(sim: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An unreadable --since names the accepted forms."""
-    assert main(["analyze", str(sim), "--since", "yesterday-ish"]) == 2
+    assert 2 == main(["analyze", str(sim), "--since", "yesterday-ish"])
     assert "use a duration ago" in capsys.readouterr().err
 
 
@@ -125,9 +125,9 @@ def test_console_script_never_prints_a_traceback(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert proc.returncode == 2
+    assert 2 == proc.returncode
     assert "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert 1 == len(proc.stderr.strip().splitlines())
 
 
 def test_help_teaches_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -171,4 +171,4 @@ def test_demo_and_doctor_are_registered(capsys: pytest.CaptureFixture[str]) -> N
         args.no_analysis,
     ) == (3.0, 5, 2, "x.jsonl", True)
     args = build_parser().parse_args(["doctor", "--json", "--endpoint", "http://x:4317"])
-    assert (args.json, args.endpoint) == (True, "http://x:4317")
+    assert (True, "http://x:4317") == (args.json, args.endpoint)

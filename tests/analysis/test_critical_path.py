@@ -33,14 +33,14 @@ def test_sequential_phases_that_touch_are_all_on_the_path() -> None:
     spans = request_trace("a" * 32, 0, 1, 2, 3, 4)
     trace = Trace.build("a" * 32, spans)
     names = [n for n, _, _ in _path(trace, "llm.request")]
-    assert names == ["llm.decode", "llm.prefill", "llm.queue", "llm.tokenize"]
+    assert ["llm.decode", "llm.prefill", "llm.queue", "llm.tokenize"] == names
 
 
 def test_children_are_clipped_to_the_parent() -> None:
     """A child outliving its parent only counts inside the parent; one entirely outside is dropped."""
     root = span("root", 0, 100)
     spans = [root, span("late", 60, 130, parent=root), span("outside", 150, 160, parent=root)]
-    assert _path(Trace.build(root.trace_id, spans)) == [("late", 60, 100), ("root", 0, 60)]
+    assert [("late", 60, 100), ("root", 0, 60)] == _path(Trace.build(root.trace_id, spans))
 
 
 def test_grandchildren_are_clipped_to_the_clipped_child() -> None:
@@ -74,7 +74,7 @@ def test_orphan_with_missing_parent_becomes_a_root_and_has_its_own_path() -> Non
     kid = span("kid", 2, 8, parent=orphan)
     trace = Trace.build(orphan.trace_id, [orphan, kid])
     assert (orphan,) == trace.orphans
-    assert _path(trace, "orphan") == [("orphan", 8, 10), ("kid", 2, 8), ("orphan", 0, 2)]
+    assert [("orphan", 8, 10), ("kid", 2, 8), ("orphan", 0, 2)] == _path(trace, "orphan")
 
 
 def test_follows_from_links_never_extend_the_path() -> None:
@@ -82,7 +82,7 @@ def test_follows_from_links_never_extend_the_path() -> None:
     root = span("root", 0, 10)
     linked = span("async", 5, 50, links=(Link(root.trace_id, root.span_id),))
     trace = Trace.build(root.trace_id, [root, linked])
-    assert _path(trace) == [("root", 0, 10)]
+    assert [("root", 0, 10)] == _path(trace)
 
 
 def test_overlap_allowance_keeps_a_slightly_overlapping_child_cut_at_the_overlap() -> None:
@@ -90,15 +90,15 @@ def test_overlap_allowance_keeps_a_slightly_overlapping_child_cut_at_the_overlap
     root = span("root", 0, 100)
     spans = [root, span("b", 10, 52, parent=root), span("c", 50, 100, parent=root)]
     trace = Trace.build(root.trace_id, spans)
-    assert _path(trace, overlap_allowance_ns=5_000_000) == [("c", 50, 100), ("b", 10, 50), ("root", 0, 10)]
-    assert _path(trace) == [("c", 50, 100), ("root", 0, 50)]
+    assert [("c", 50, 100), ("b", 10, 50), ("root", 0, 10)] == _path(trace, overlap_allowance_ns=5_000_000)
+    assert [("c", 50, 100), ("root", 0, 50)] == _path(trace)
 
 
 def test_zero_length_children_terminate() -> None:
     """Zero-duration children at the same instant do not loop forever and own no time."""
     root = span("root", 0, 10)
     spans = [root, span("z1", 5, 5, parent=root), span("z2", 5, 5, parent=root)]
-    assert _path(Trace.build(root.trace_id, spans)) == [("root", 5, 10), ("root", 0, 5)]
+    assert [("root", 5, 10), ("root", 0, 5)] == _path(Trace.build(root.trace_id, spans))
 
 
 def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:
@@ -110,9 +110,9 @@ def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:
         paths.append((root.duration_ns, critical_path(tr, root)))
     stats, folded = aggregate(paths)
     by = {s.name: s for s in stats}
-    assert round(sum(s.share for s in stats), 9) == 1.0
-    assert round(by["llm.decode"].share, 9) == 12 / 30
-    assert by["llm.queue"].requests == 1
+    assert 1.0 == round(sum(s.share for s in stats), 9)
+    assert 12 / 30 == round(by["llm.decode"].share, 9)
+    assert 1 == by["llm.queue"].requests
     assert ("llm.request", "llm.decode") in folded
     assert exclusive_by_name(paths[0][1]) == {
         "llm.decode": 6_000_000,

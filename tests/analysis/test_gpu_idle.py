@@ -21,27 +21,27 @@ def _idle(spans: list, engine: str = "dp0"):  # type: ignore[no-untyped-def]
 def test_engine_with_known_idle_ratio() -> None:
     """10 steps of 10 ms with 8 ms forwards: idle ratio 0.2 in 11 gaps (9 post+schedule pairs, 2 ends)."""
     e = _idle(engine_window("dp0", STEPS))
-    assert e.covered_ns == 100_000_000
+    assert 100_000_000 == e.covered_ns
     assert pytest.approx(0.2) == e.ratio
-    assert e.gap_count == 11  # postprocess of step i and schedule of step i+1 form one gap
-    assert e.by_cause_ns["schedule"] == 10_000_000
-    assert e.by_cause_ns["postprocess"] == 10_000_000
-    assert e.by_cause_ns["other"] == 0
+    assert 11 == e.gap_count  # postprocess of step i and schedule of step i+1 form one gap
+    assert 10_000_000 == e.by_cause_ns["schedule"]
+    assert 10_000_000 == e.by_cause_ns["postprocess"]
+    assert 0 == e.by_cause_ns["other"]
 
 
 def test_gc_pause_takes_priority_over_other_host_work() -> None:
     """A gc pause overlapping a postprocess span is counted as gc."""
     spans = engine_window("dp0", STEPS, gc=[(9.0, 10.0)])
     e = _idle(spans)
-    assert e.by_cause_ns["gc"] == 1_000_000
-    assert e.by_cause_ns["postprocess"] == 9_000_000
+    assert 1_000_000 == e.by_cause_ns["gc"]
+    assert 9_000_000 == e.by_cause_ns["postprocess"]
 
 
 def test_untraced_time_between_steps_is_other() -> None:
     """Time between a step's end and the next step's start that no host span covers is 'other'."""
     steps = [(0.0, 1.0, 9.0, 10.0), (15.0, 16.0, 24.0, 25.0)]
     e = _idle(engine_window("dp0", steps))
-    assert e.by_cause_ns["other"] == 5_000_000
+    assert 5_000_000 == e.by_cause_ns["other"]
     assert pytest.approx(9 / 25) == e.ratio
 
 
@@ -52,9 +52,9 @@ def test_idle_split_into_work_waiting_and_nothing_to_do() -> None:
     req = request_trace("r" * 32, 30.0, 0, 20.0, 9.0, 1.0)  # in flight 30..60 ms
     e = _idle(window + req)
     # idle: 0-1, 9-51 (42), 59-60 -> 44 ms; the request covers 30-51 and 59-60 -> 22 ms
-    assert e.idle_ns == 44_000_000
-    assert e.with_work_waiting_ns == 22_000_000
-    assert e.nothing_to_do_ns == 22_000_000
+    assert 44_000_000 == e.idle_ns
+    assert 22_000_000 == e.with_work_waiting_ns
+    assert 22_000_000 == e.nothing_to_do_ns
 
 
 def test_step_attributes_mark_work_waiting_without_request_traces() -> None:
@@ -71,7 +71,7 @@ def test_unsampled_stretch_between_windows_is_not_measured() -> None:
     later = [(a + 1000, b + 1000, c + 1000, d + 1000) for a, b, c, d in STEPS[:3]]
     w2 = engine_window("dp0", later, first_step_id=500)
     e = _idle(w1 + w2)
-    assert e.covered_ns == 60_000_000
+    assert 60_000_000 == e.covered_ns
     assert pytest.approx(0.2) == e.ratio
 
 
@@ -80,8 +80,8 @@ def test_consecutive_windows_are_joined() -> None:
     w1 = engine_window("dp0", [(0.0, 1.0, 9.0, 10.0)], first_step_id=0)
     w2 = engine_window("dp0", [(30.0, 31.0, 39.0, 40.0)], first_step_id=1)
     e = _idle(w1 + w2)
-    assert e.covered_ns == 40_000_000
-    assert e.idle_ns == 24_000_000
+    assert 40_000_000 == e.covered_ns
+    assert 24_000_000 == e.idle_ns
 
 
 def test_engines_are_measured_separately() -> None:
@@ -98,6 +98,6 @@ def test_tokenize_overlapping_a_gap_is_classified_as_tokenize() -> None:
     steps = [(0.0, 1.0, 9.0, 10.0), (20.0, 21.0, 29.0, 30.0)]
     tok = span(sc.SPAN_TOKENIZE, 12.0, 18.0, trace="k" * 32)
     e = _idle([*engine_window("dp0", steps), tok])
-    assert e.by_cause_ns["tokenize"] == 6_000_000
-    assert e.by_cause_ns["other"] == 4_000_000
+    assert 6_000_000 == e.by_cause_ns["tokenize"]
+    assert 4_000_000 == e.by_cause_ns["other"]
     assert e.top_gaps[0].start_ns > T0

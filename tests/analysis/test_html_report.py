@@ -84,7 +84,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_is_self_contained(report: Path) -> None:
     """No external URL is referenced: no CDN, no fonts, no images from the network."""
     html = report.read_text(encoding="utf-8")
-    assert re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html) == []
+    assert [] == re.findall(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html)
     assert "default-src 'none'" in html
 
 
@@ -93,11 +93,11 @@ def test_report_renders_without_console_errors(report: Path, tmp_path: Path) -> 
     browser = _chromium()
     proc = _run(browser, tmp_path / "profile", "--dump-dom", report.as_uri())
     console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
-    assert console == []
+    assert [] == console
     dom = proc.stdout
     assert 'data-rendered="1"' in dom
     missing = [i for i in EXPECTED_IDS if f'id="{i}"' not in dom]
-    assert missing == []
+    assert [] == missing
     assert dom.count('class="forward"') > 10  # forward passes drawn in the timeline
     assert dom.count('class="gap"') > 10  # idle gaps shaded
     assert dom.count('class="pt"') > 20  # scatter points

@@ -68,7 +68,7 @@ def test_full_windows_are_split_until_nothing_is_cut() -> None:
         limit=3,
         transport=httpx.MockTransport(fake),
     )
-    assert len({s.trace_id for s in loaded.spans}) == 10
+    assert 10 == len({s.trace_id for s in loaded.spans})
     assert len(fake.calls) > 3
 
 
@@ -88,7 +88,7 @@ def test_services_default_to_all_but_jaegers_own() -> None:
     """Without --service every service is queried except Jaeger's own."""
     fake = FakeJaegerV3()
     load_spans("http://jaeger:16686", since_ns=T0, until_ns=T0 + 20 * S, transport=httpx.MockTransport(fake))
-    assert len(fake.calls) == 1
+    assert 1 == len(fake.calls)
 
 
 def test_legacy_api_is_used_when_v3_is_absent() -> None:
@@ -121,7 +121,7 @@ def test_legacy_api_is_used_when_v3_is_absent() -> None:
     loaded = load_spans(
         "http://jaeger:16686", since_ns=T0, until_ns=T0 + S, transport=httpx.MockTransport(handler)
     )
-    assert [s.name for s in loaded.spans] == ["llm.request"]
+    assert ["llm.request"] == [s.name for s in loaded.spans]
     assert (str(T0 // 1000), "api") == (seen["start"], seen["service"])
 
 

@@ -28,7 +28,7 @@ def _post(endpoint: str, doc: dict[str, Any]) -> None:
         f"{endpoint}/v1/traces", data=json.dumps(doc).encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=10) as resp:
-        assert resp.status == 200
+        assert 200 == resp.status
 
 
 def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack: Any) -> None:

@@ -68,8 +68,8 @@ def write_lines(path: Path, docs: list[Any], *, gz: bool = False) -> str:
 def test_otlp_json_lines_are_normalised(tmp_path: Path) -> None:
     """Hex ids, string nanoseconds, typed attribute values, status, links and the service name."""
     [s] = load_spans(write_lines(tmp_path / "t.jsonl", [doc(otlp_span())])).spans
-    assert (s.trace_id, s.span_id, s.parent_id, s.name) == (TID, SID, PID, "llm.request")
-    assert (s.start_ns, s.duration_ns) == (1700000000000000000, 250_000_000)
+    assert (TID, SID, PID, "llm.request") == (s.trace_id, s.span_id, s.parent_id, s.name)
+    assert (1700000000000000000, 250_000_000) == (s.start_ns, s.duration_ns)
     assert dict(s.attributes) == {
         "gen_ai.usage.input_tokens": 42,
         "gen_ai.latency.e2e": 0.25,
@@ -78,7 +78,7 @@ def test_otlp_json_lines_are_normalised(tmp_path: Path) -> None:
         "gen_ai.response.finish_reasons": ("stop",),
     }
     assert (s.kind, s.status, s.service) == (SpanKind.INTERNAL, StatusCode.ERROR, "api")
-    assert s.links[0].span_id == PID
+    assert PID == s.links[0].span_id
 
 
 def test_enum_names_and_base64_ids_are_accepted(tmp_path: Path) -> None:
@@ -96,21 +96,21 @@ def test_metrics_lines_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """A collector file exporter line with resourceMetrics is skipped, not an error."""
     metrics = {"resourceMetrics": [{"resource": {}, "scopeMetrics": []}]}
     loaded = load_spans(write_lines(tmp_path / "t.jsonl", [metrics, doc(otlp_span())]))
-    assert len(loaded.spans) == 1
-    assert [w.split(": ", 1)[1] for w in loaded.warnings] == ["skipped 1 metrics document(s)"]
+    assert 1 == len(loaded.spans)
+    assert ["skipped 1 metrics document(s)"] == [w.split(": ", 1)[1] for w in loaded.warnings]
 
 
 def test_whole_file_pretty_printed_document(tmp_path: Path) -> None:
     """A single OTLP document spread over many lines is read whole."""
     path = tmp_path / "doc.json"
     path.write_text(json.dumps(doc(otlp_span(), otlp_span(spanId="1" * 16)), indent=2))
-    assert len(load_spans(str(path)).spans) == 2
+    assert 2 == len(load_spans(str(path)).spans)
 
 
 def test_gzip_is_detected_by_content(tmp_path: Path) -> None:
     """Gzip is recognised by its magic bytes, whatever the file name."""
     path = write_lines(tmp_path / "t.data", [doc(otlp_span())], gz=True)
-    assert len(load_spans(path).spans) == 1
+    assert 1 == len(load_spans(path).spans)
 
 
 def test_saved_jaeger_v3_stream_of_result_objects(tmp_path: Path) -> None:
@@ -228,6 +228,6 @@ def test_service_and_time_filters_keep_whole_traces(tmp_path: Path) -> None:
     """--service keeps every span of a trace that touches the service; --since filters by trace start."""
     other = otlp_span(spanId="4" * 16, name="llm.step")
     path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span(), service="api"), doc(other, service="engine")])
-    assert len(load_spans(path, services=["api"]).spans) == 2
+    assert 2 == len(load_spans(path, services=["api"]).spans)
     with pytest.raises(EmptySourceError):
         load_spans(path, since_ns=1800000000000000000)

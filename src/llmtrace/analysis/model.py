@@ -96,7 +96,7 @@ _SpanBuilder: Any = dataclass(slots=True)(
 )
 
 
-def new_span(  # noqa: PLR0917 - positional on purpose: it is the sources' hot path
+def new_span(
     trace_id: str,
     span_id: str,
     parent_id: str | None,

@@ -82,7 +82,7 @@ class _Ids:
         return f"{self.rng.getrandbits(64):016x}"
 
 
-def _span(  # noqa: PLR0917 - the OTLP span fields, in their order
+def _span(
     trace_id: str,
     span_id: str,
     parent: str | None,
@@ -251,7 +251,7 @@ def simulate(cfg: SimConfig) -> Iterator[dict[str, Any]]:
     yield from eng.close_window()
 
 
-def _window_doc(  # noqa: PLR0917 - internal helper, called in one place
+def _window_doc(
     cfg: SimConfig,
     spans: list[dict[str, Any]],
     trace_id: str,
