@@ -238,6 +238,15 @@ def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | 
     return summary
 
 
+#: What an engine knows at a request's first token.
+_FIRST_TOKEN_FIELDS = ("queue_s", "prefill_s", "preemptions", "first_step")
+
+
+def first_token_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of an engine summary that is final at the first token."""
+    return {k: summary[k] for k in _FIRST_TOKEN_FIELDS if k in summary}
+
+
 def with_summary(trace_headers: Mapping[str, str] | None, summary: Mapping[str, Any]) -> dict[str, str]:
     """A new ``trace_headers`` dict carrying *summary* (the request's own dict is not mutated)."""
     headers = dict(trace_headers or {})

@@ -236,16 +236,16 @@ def _api_after(processor: Any, outputs: Any, events: list[X.OutputEvent] | None,
         if handle is None:
             continue
         handle.detokenized(share)
+        summary = X.decode_summary(headers_by_id.get(event.request_id))
+        if summary is not None:  # at the first token (queue, prefill) and at the end (all)
+            API.engine_reports = True
+            handle.engine_summary(summary)
         still_open = event.request_id in states if isinstance(states, dict) else event.finish_reason is None
         if still_open:
             continue
         API.open.pop(event.request_id, None)
-        summary = X.decode_summary(headers_by_id.get(event.request_id))
-        if summary is not None:
-            API.engine_reports = True
-            handle.engine_summary(summary)
-        elif API.engine_reports:
-            handle.engine_summary({})
+        if handle.summary_in is None and API.engine_reports:
+            handle.engine_summary({})  # the engine traces this request's phases; never approximate them here
         # No finish reason from the engine but the request is done: vLLM's detokenizer matched a stop string.
         reason = event.finish_reason or semconv.FINISH_STOP
         if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
@@ -436,10 +436,16 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         if handle is None:
             continue
         tokens = len(getattr(output, "new_token_ids", None) or ())
+        first = tokens > 0 and not handle.token_ns
         if tokens:
             handle.token(tokens, start_ns)
         reason = X.finish_reason(getattr(output, "finish_reason", None))
         if reason is None:
+            if first:
+                # Queue and prefill are known at the first token: send them now, so that a request
+                # the API server ends itself (a stop string) still gets them.
+                output.trace_headers = X.with_summary(getattr(output, "trace_headers", None),
+                                                      X.first_token_summary(handle.summary()))
             continue
         del state.handles[request_id]
         if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):

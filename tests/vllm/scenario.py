@@ -1,0 +1,57 @@
+"""Runs the real vLLM ``LLM`` (API side + EngineCore process + Scheduler) with the fake executor.
+
+``python -m tests.vllm.scenario MODEL_DIR [--requests N] [--max-tokens N] [--blocks N] [--stop]``
+prints one JSON line with what vLLM returned. llmtrace is turned on the way a
+deployment turns it on: by the ``vllm.general_plugins`` entry point, when the
+caller exports ``LLMTRACE_VLLM=1`` (or by ``--instrument``, calling
+``llmtrace.instrument()`` in this process before vLLM is imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+PROMPTS = ["hello world the quick brown fox", "the lazy dog jumps over the quick brown fox again and again",
+           "brown fox", "over the lazy dog the quick brown fox jumps hello world"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model")
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=6)
+    parser.add_argument("--blocks", type=int, default=0, help="num_gpu_blocks_override (small -> preemption)")
+    parser.add_argument("--stop", action="store_true", help="stop string = the fake token's text")
+    parser.add_argument("--instrument", action="store_true", help="llmtrace.instrument() before importing vLLM")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    if args.instrument:
+        import llmtrace
+
+        llmtrace.instrument()
+    from tests.vllm.fake_executor import TOKEN_ID
+    from vllm import LLM, SamplingParams
+
+    extra = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    llm = LLM(model=args.model, load_format="dummy", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64,
+              enforce_eager=True, distributed_executor_backend="tests.vllm.fake_executor.FakeExecutor",
+              block_size=16, **extra)
+    stop = None
+    if args.stop:
+        stop = [llm.get_tokenizer().decode([TOKEN_ID])]
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, stop=stop)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    result = [{"id": o.request_id, "tokens": len(o.outputs[0].token_ids), "finish": o.outputs[0].finish_reason}
+              for o in outputs]
+    print("SCENARIO " + json.dumps(result), flush=True)
+    if args.instrument:
+        import llmtrace
+
+        llmtrace.shutdown()
+
+
+if __name__ == "__main__":
+    main()
