@@ -45,6 +45,21 @@ def dataset(spans: int, directory: str) -> tuple[str, int]:
         return path, int(fh.read())
 
 
+def decode_floor(path: str) -> float:
+    """CPU seconds to JSON-decode every line and nothing else: the floor no parser beats.
+
+    Reported so a number from a loaded or slower machine can be read as a ratio."""
+    from llmtrace.analysis.sources._json import loads
+
+    gc.disable()
+    t0 = time.process_time()
+    with open(path, "rb") as fh:
+        for line in fh:
+            loads(line)
+    gc.enable()
+    return time.process_time() - t0
+
+
 def throughput(path: str) -> dict[str, float]:
     gc.collect()
     t0 = time.process_time()
@@ -84,9 +99,7 @@ def memory(path: str) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--spans", type=int, default=1_000_000, help="approximate span count (default 1M)")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="where the generated set is cached")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
@@ -95,6 +108,8 @@ def main() -> int:
     path, n = dataset(args.spans, args.dir)
     result: dict[str, float | str] = {"dataset": path, "file_bytes": os.path.getsize(path)}
     result.update(throughput(path))
+    result["decode_floor_s"] = decode_floor(path)
+    result["load_average_1m"] = os.getloadavg()[0]
     if not args.no_memory:
         result.update(memory(path))
     if args.json:
@@ -104,6 +119,12 @@ def main() -> int:
     print(f"parse          {result['parse_s']:.2f} s  ({result['parse_spans_per_s']:,.0f} spans/s)")
     print(f"build model    {result['build_s']:.2f} s")
     print(f"analyze        {result['analyze_s']:.2f} s")
+    total = result["parse_s"] + result["build_s"] + result["analyze_s"]
+    print(
+        f"JSON decode    {result['decode_floor_s']:.2f} s alone (the floor); parse+build+analyze = "
+        f"{total / result['decode_floor_s']:.1f}x that; load average {result['load_average_1m']:.1f} "
+        f"on {os.cpu_count()} CPUs"
+    )
     ok = "ok" if result["spans_per_s"] >= 200_000 else "BELOW TARGET"
     print(f"throughput     {result['spans_per_s']:,.0f} spans/s on one core (target >= 200,000: {ok})")
     if "bytes_per_span" in result:

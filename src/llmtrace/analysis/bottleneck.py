@@ -178,9 +178,7 @@ def features(
         busy_ratio=(covered - idle_ns) / covered if covered else 0.0,
         idle_with_work_ratio=with_work / covered if covered else 0.0,
         host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
-        preemptions_per_request=(sum(preempt) / len(preempt))
-        if preempt
-        else _step_preemptions(steps, requests),
+        preemptions_per_request=(sum(preempt) / len(preempt)) if preempt else _step_preemptions(steps, requests),
         kv_usage_p90=_kv_p90(steps),
         queue_share=queue_share,
         queue_growth=_queue_growth(steps),

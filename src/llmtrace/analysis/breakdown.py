@@ -42,9 +42,7 @@ def request_phases(r: RequestView) -> dict[str, float]:
             attr = _FALLBACK_ATTR.get(span_name)
             value = r.num(attr) if attr else None
             out[phase] = value if value is not None and value >= 0 else 0.0
-    out["network"] = (
-        max(0.0, (r.server.duration_ns - r.request.duration_ns) / 1e9) if r.server is not None else 0.0
-    )
+    out["network"] = max(0.0, (r.server.duration_ns - r.request.duration_ns) / 1e9) if r.server is not None else 0.0
     out["other"] = max(0.0, r.e2e_s - sum(out.values()))
     return {p: out[p] for p in PHASES}
 
@@ -69,7 +67,5 @@ def phase_breakdown(per_request: Sequence[dict[str, float]], e2e: Sequence[float
             continue
         q = pcts(values, (50, 90, 99))
         s = sum(values)
-        out.append(
-            PhaseStats(phase, s / len(values), q["p50"], q["p90"], q["p99"], s / total if total else 0.0)
-        )
+        out.append(PhaseStats(phase, s / len(values), q["p50"], q["p90"], q["p99"], s / total if total else 0.0))
     return out

@@ -27,8 +27,10 @@ from llmtrace.analysis.model import (
     Trace,
     TraceSet,
     WindowView,
+    fast_constructor,
 )
 
+_new_step = fast_constructor(StepView)
 _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
 _VIEW_SPANS = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE))
@@ -56,9 +58,7 @@ def adjust_clock_skew(spans: list[Span]) -> list[Span]:
     while stack:
         span, skew = stack.pop()
         moved = (
-            span
-            if skew == 0
-            else dataclasses.replace(span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew)
+            span if skew == 0 else dataclasses.replace(span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew)
         )
         out[span.span_id] = moved
         for child in kids.get(span.span_id, ()):
@@ -178,7 +178,7 @@ def _step_view(trace: Trace, span: Span) -> StepView:
         elif child.name in _HOST_STEP_CHILDREN:
             host.append(child)
     a = span.attributes
-    return StepView(
+    return _new_step(
         span,
         _engine_of(trace, span),
         _int(a.get(sc.LLM_STEP_ID)),

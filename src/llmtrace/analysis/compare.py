@@ -67,8 +67,7 @@ def check_summary(doc: Any, name: str) -> Mapping[str, Any]:
         raise SummaryError(f'{name}: not an llmtrace analysis summary (no "schema": "{SCHEMA}")')
     if doc.get("schema_version") != SCHEMA_VERSION:
         raise SummaryError(
-            f"{name}: summary schema_version {doc.get('schema_version')} "
-            f"(this llmtrace reads {SCHEMA_VERSION})"
+            f"{name}: summary schema_version {doc.get('schema_version')} (this llmtrace reads {SCHEMA_VERSION})"
         )
     return doc
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis.intervals import Interval, merge
@@ -38,9 +39,12 @@ _STEP_HOST_CAUSE = {
 TOP_GAPS = 20
 
 
-@dataclass(frozen=True, slots=True)
-class Gap:
-    """One idle interval of one engine, with its cause split and work-waiting time."""
+class Gap(NamedTuple):
+    """One idle interval of one engine, with its cause split and work-waiting time.
+
+    A named tuple, not a dataclass: there is one per step, and a frozen dataclass's
+    ``__init__`` would cost more than classifying the gap.
+    """
 
     engine_id: str
     start_ns: int
@@ -94,9 +98,7 @@ def segments(engine: EngineView) -> list[Interval]:
     out: list[Interval] = []
     prev: StepView | None = None
     for st in engine.steps:
-        contiguous = prev is not None and (
-            st.step_id is None or prev.step_id is None or st.step_id == prev.step_id + 1
-        )
+        contiguous = prev is not None and (st.step_id is None or prev.step_id is None or st.step_id == prev.step_id + 1)
         if contiguous and out:
             out[-1] = (out[-1][0], max(out[-1][1], st.step.end_ns))
         else:
@@ -224,7 +226,8 @@ def _classify_all(
         per = [0] * len(CAUSES)
         k = j
         while k < n and starts[k] < b:
-            ov = min(ends[k], b) - max(starts[k], a)
+            s, e = starts[k], ends[k]
+            ov = (e if e < b else b) - (s if s > a else a)
             if ov > 0:
                 per[causes[k]] += ov
             k += 1
@@ -234,7 +237,8 @@ def _classify_all(
         ww = 0
         k = w
         while k < nw and work[k][0] < b:
-            ov = min(work[k][1], b) - max(work[k][0], a)
+            s, e = work[k]
+            ov = (e if e < b else b) - (s if s > a else a)
             if ov > 0:
                 ww += ov
             k += 1

@@ -18,16 +18,17 @@ capping. Span links from ``llm.step`` to ``llm.request`` are used where present.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from llmtrace import semconv as sc
 
 AttrValue = Any
+_F = TypeVar("_F")
 Attributes = Mapping[str, AttrValue]
 EMPTY_ATTRS: Attributes = MappingProxyType({})
 
@@ -88,46 +89,26 @@ class Span:
 
 
 # A frozen dataclass's __init__ goes through object.__setattr__ per field: 3.4 µs for a Span,
-# most of the analyzer's per-span budget (docs/analysis.md, "Performance"). Sources build
-# spans through this mutable twin with the identical slot layout and then retag the object
-# as a Span — from then on it is an ordinary frozen Span. 1.1 µs.
-_SpanBuilder: Any = dataclass(slots=True)(
-    type("_SpanBuilder", (), {"__annotations__": dict(Span.__annotations__)})
-)
-
-
-def new_span(
-    trace_id: str,
-    span_id: str,
-    parent_id: str | None,
-    name: str,
-    start_ns: int,
-    end_ns: int,
-    kind: SpanKind,
-    status: StatusCode,
-    attributes: Attributes,
-    links: tuple[Link, ...],
-    service: str,
-    resource: Attributes,
-) -> Span:
-    """Fast positional constructor for sources; equivalent to ``Span(...)``."""
-    obj = _SpanBuilder(  # type: ignore[call-arg]
-        trace_id,
-        span_id,
-        parent_id,
-        name,
-        start_ns,
-        end_ns,
-        kind,
-        status,
-        attributes,
-        links,
-        service,
-        resource,
+# most of the analyzer's per-span budget (docs/analysis.md, "Performance"). The hot paths
+# build objects through a mutable twin with the identical slot layout and then retag them
+# as the frozen class — from then on they are ordinary frozen instances. 1.1 µs.
+def fast_constructor(cls: type[_F]) -> Callable[..., _F]:
+    """A positional constructor for the frozen slots dataclass ``cls`` that skips the
+    frozen ``__setattr__`` (all fields must be passed, in declaration order)."""
+    twin: Any = dataclass(slots=True)(
+        type(f"_{cls.__name__}Builder", (), {"__annotations__": dict(cls.__annotations__)})
     )
-    obj.__class__ = Span
-    span: Span = obj
-    return span
+
+    def make(*args: Any) -> _F:
+        obj = twin(*args)
+        obj.__class__ = cls
+        out: _F = obj
+        return out
+
+    return make
+
+
+new_span: Callable[..., Span] = fast_constructor(Span)
 
 
 _START = attrgetter("start_ns")

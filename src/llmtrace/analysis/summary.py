@@ -98,8 +98,7 @@ def analyze(ts: TraceSet, *, source: str = "", overlap_allowance_ns: int = 0) ->
 def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     reqs = ts.requests
     paths = [
-        (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns))
-        for r in reqs
+        (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns)) for r in reqs
     ]
     cp_stats, folded = aggregate(paths)
     dominant: dict[tuple[str, str], tuple[str, float]] = {}
@@ -114,9 +113,7 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     share = {p.phase: p.share for p in phases}
     idle = tuple(engine_idle(e, reqs, ts.tokenize) for e in ts.engines.values())
     all_steps = [s for e in ts.engines.values() for s in e.steps]
-    diagnosis = bn.diagnose(
-        bn.features(idle, all_steps, reqs, share.get("queue", 0.0), share.get("network", 0.0))
-    )
+    diagnosis = bn.diagnose(bn.features(idle, all_steps, reqs, share.get("queue", 0.0), share.get("network", 0.0)))
     windows = tuple(_window_verdicts(ts.engines, idle))
     anomalies = tuple(find_anomalies(reqs, dominant))
     ttfts = [v for r in reqs if (v := r.ttft_s) is not None]
@@ -194,9 +191,7 @@ def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdl
             steps = e.steps[bisect_left(starts, w.start_ns) : bisect_right(starts, w.end_ns)]
             idle_ns = work_ns = 0
             causes: dict[str, int] = {}
-            for g in ei.gaps[
-                max(0, bisect_left(gap_starts, w.start_ns) - 1) : bisect_right(gap_starts, w.end_ns)
-            ]:
+            for g in ei.gaps[max(0, bisect_left(gap_starts, w.start_ns) - 1) : bisect_right(gap_starts, w.end_ns)]:
                 ov = min(g.end_ns, w.end_ns) - max(g.start_ns, w.start_ns)
                 if ov <= 0:
                     continue
@@ -312,9 +307,7 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
             }
             for s in a.critical_path
         },
-        "critical_path_stacks": [
-            [";".join(k), v / 1e9] for k, v in sorted(a.folded.items(), key=lambda kv: -kv[1])
-        ],
+        "critical_path_stacks": [[";".join(k), v / 1e9] for k, v in sorted(a.folded.items(), key=lambda kv: -kv[1])],
         "gpu_idle": {
             e.engine_id: {
                 "ratio": e.ratio,

@@ -311,9 +311,7 @@ def _request_doc(cfg: SimConfig, r: _Req, ids: _Ids) -> dict[str, Any]:
                 sc.LLM_REQUEST_FINISH_REASON: sc.FINISH_LENGTH,
             },
         ),
-        _span(
-            t, ids.span(), req, sc.SPAN_TOKENIZE, r.arrival, tok_end, {sc.LLM_TOKENIZE_TOKENS: r.input_tokens}
-        ),
+        _span(t, ids.span(), req, sc.SPAN_TOKENIZE, r.arrival, tok_end, {sc.LLM_TOKENIZE_TOKENS: r.input_tokens}),
         _span(t, ids.span(), req, sc.SPAN_QUEUE, tok_end, r.first_sched, {sc.LLM_QUEUE_INDEX: 0}),
         _span(t, ids.span(), req, sc.SPAN_PREFILL, r.first_sched, r.first_token),
         _span(t, ids.span(), req, sc.SPAN_DECODE, r.first_token, r.end),

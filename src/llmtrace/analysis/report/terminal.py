@@ -49,9 +49,7 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
         ("tpot_s", "per output token"),
     ):
         d = req.get(key) or {}
-        lines.append(
-            f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}"
-        )
+        lines.append(f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}")
     lines += _phases(summary["breakdown"])
     lines += _critical_path(summary["critical_path"])
     lines += _gpu_idle(summary["gpu_idle"])
@@ -93,8 +91,7 @@ def _gpu_idle(idle: Mapping[str, Any]) -> list[str]:
             f"{d['gaps']:,} gaps (p50 {fmt_s(d['gap_p50_s'])}, p99 {fmt_s(d['gap_p99_s'])})"
         )
         out.append(
-            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · "
-            f"nothing to do {fmt_s(d['nothing_to_do_s'])}"
+            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · nothing to do {fmt_s(d['nothing_to_do_s'])}"
         )
         total = d["total_s"] or 1.0
         causes = sorted(((k, v) for k, v in d["by_cause_s"].items() if v), key=lambda kv: -kv[1])
@@ -133,11 +130,7 @@ def render_compare(rows: Sequence[Any], base: str, current: str) -> str:
     ]
     for r in rows:
         is_ratio = r.metric.startswith("gpu_idle")
-        fmt = (
-            (lambda v: f"{v:.1%}")
-            if is_ratio
-            else ((lambda v: f"{v:.3g}") if "throughput" in r.metric else fmt_s)
-        )
+        fmt = (lambda v: f"{v:.1%}") if is_ratio else ((lambda v: f"{v:.3g}") if "throughput" in r.metric else fmt_s)
         change = f"{r.change * 100:+.1f}pt" if is_ratio else f"{r.change:+.1%}"
         p = "-" if r.p_value is None else f"{r.p_value:.3g}"
         verdict = "REGRESSION" if r.regression else "ok"

@@ -72,15 +72,11 @@ def load_spans(
         warnings = stats.warnings(spec)
         spans = _filter(spans, services, since_ns, until_ns)
     if not spans:
-        raise EmptySourceError(
-            spec, "no spans found" + (" for the given filters" if services or since_ns else "")
-        )
+        raise EmptySourceError(spec, "no spans found" + (" for the given filters" if services or since_ns else ""))
     return Loaded(spec, spans, warnings)
 
 
-def _filter(
-    spans: list[Span], services: list[str] | None, since_ns: int | None, until_ns: int | None
-) -> list[Span]:
+def _filter(spans: list[Span], services: list[str] | None, since_ns: int | None, until_ns: int | None) -> list[Span]:
     if not services and since_ns is None and until_ns is None:
         return spans
     first: dict[str, int] = {}

@@ -49,9 +49,7 @@ class ReadStats:
         return out
 
 
-def spans_from_document(
-    doc: Any, *, source: str, position: str, intern: Interner, stats: ReadStats
-) -> list[Span]:
+def spans_from_document(doc: Any, *, source: str, position: str, intern: Interner, stats: ReadStats) -> list[Span]:
     """Dispatch one decoded JSON object on its shape (see :func:`document_kind`)."""
     kind = document_kind(doc)
     stats.documents += 1
@@ -72,9 +70,7 @@ def spans_from_document(
             return []
         raise SourceError(source, f"Jaeger error response: {err}", position)
     keys = ", ".join(list(doc)[:4]) if isinstance(doc, dict) else type(doc).__name__
-    raise SourceError(
-        source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position
-    )
+    raise SourceError(source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position)
 
 
 def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
@@ -96,9 +92,7 @@ def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
     return raw, raw, size
 
 
-def iter_file_spans(
-    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None
-) -> Iterator[Span]:
+def iter_file_spans(path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None) -> Iterator[Span]:
     """Stream the spans of a trace file; raise :class:`SourceError` on unreadable input."""
     for batch in iter_file_batches(path, stats=stats, progress=progress):
         yield from batch
@@ -179,9 +173,7 @@ def _iter_lines(
             doc = loads(line)
         except DecodeErrors as exc:
             if not line.endswith(b"\n"):
-                raise SourceError(
-                    path, "truncated line (file cut off mid-write?)", f"line {lineno}"
-                ) from None
+                raise SourceError(path, "truncated line (file cut off mid-write?)", f"line {lineno}") from None
             col = getattr(exc, "colno", None)
             pos = f"line {lineno}" + (f", column {col}" if col else "")
             raise SourceError(path, f"malformed JSON: {short_message(exc)}", pos) from None
@@ -208,9 +200,7 @@ def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStat
         try:
             doc, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise SourceError(
-                path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)
-            ) from None
+            raise SourceError(path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)) from None
         count += 1
         position = error_position_text(text, pos)
         yield spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)

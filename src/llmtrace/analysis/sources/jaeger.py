@@ -59,9 +59,7 @@ class JaegerSource:
         try:
             import httpx
         except ImportError:  # pragma: no cover - exercised only without the extra
-            raise SourceError(
-                base_url, "reading from Jaeger needs httpx: pip install 'llmtrace[analysis]'"
-            ) from None
+            raise SourceError(base_url, "reading from Jaeger needs httpx: pip install 'llmtrace[analysis]'") from None
         self.base_url = base_url.rstrip("/")
         self.limit = limit
         self._httpx = httpx
@@ -79,9 +77,7 @@ class JaegerSource:
         try:
             return self._client.get(path, params=params)
         except self._httpx.HTTPError as exc:
-            raise SourceError(
-                self.base_url, f"cannot reach Jaeger: {type(exc).__name__}: {exc}", path
-            ) from None
+            raise SourceError(self.base_url, f"cannot reach Jaeger: {type(exc).__name__}: {exc}", path) from None
 
     def _fail(self, resp: httpx.Response, path: str) -> SourceError:
         body = resp.text.strip().replace("\n", " ")[:200]
@@ -186,7 +182,5 @@ def _documents(text: str, source: str, position: str) -> Iterator[Any]:
         try:
             doc, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as exc:
-            raise SourceError(
-                source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}"
-            ) from None
+            raise SourceError(source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}") from None
         yield doc

@@ -39,9 +39,7 @@ def _tags(raw: Any, intern: Interner) -> dict[str, Any]:
     return out
 
 
-def spans_from_jaeger_legacy(
-    doc: Mapping[str, Any], *, source: str, position: str, intern: Interner
-) -> list[Span]:
+def spans_from_jaeger_legacy(doc: Mapping[str, Any], *, source: str, position: str, intern: Interner) -> list[Span]:
     """The spans of every trace in a ``{"data": [...]}`` response."""
     out: list[Span] = []
     for ti, trace in enumerate(doc.get("data") or ()):
@@ -60,9 +58,7 @@ def spans_from_jaeger_legacy(
     return out
 
 
-def _span(
-    sp: Mapping[str, Any], processes: Mapping[str, tuple[str, Mapping[str, Any]]], intern: Interner
-) -> Span:
+def _span(sp: Mapping[str, Any], processes: Mapping[str, tuple[str, Mapping[str, Any]]], intern: Interner) -> Span:
     parent: str | None = None
     links: list[Link] = []
     for ref in sp.get("references") or ():
