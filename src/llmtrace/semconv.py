@@ -73,6 +73,10 @@ LLM_ENERGY_J: Final = "llm.energy_j"
 LLM_STREAM: Final = "llm.stream"
 LLM_TIME_TO_FIRST_BYTE_S: Final = "llm.http.time_to_first_byte_s"
 LLM_QUEUE_INDEX: Final = "llm.queue.index"  # 0 for the first wait, 1 after the first preemption, ...
+#: A batched ``generate()`` is one llm.request; these list each sequence's real (unpadded)
+#: prompt length and generated tokens (``gen_ai.response.finish_reasons`` has one entry each).
+LLM_BATCH_INPUT_TOKENS: Final = "llm.batch.input_tokens"
+LLM_BATCH_OUTPUT_TOKENS: Final = "llm.batch.output_tokens"
 
 # Phase spans.
 LLM_TOKENIZE_TOKENS: Final = "llm.tokenize.tokens"

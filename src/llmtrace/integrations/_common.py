@@ -1,0 +1,234 @@
+"""What the request-pipeline integrations share: nesting suppression, and where a
+tokenizer or forward measurement goes.
+
+Where an encode goes (one user call is exactly one record, never two):
+
+1. a request is current (``current_request()``) -> ``handle.tokenized(...)``; the
+   span builder makes the ``llm.tokenize`` child of ``llm.request``;
+2. else a server scope is current (a network handler, no request yet) -> parked on
+   the scope, adopted by the request ``generate()`` opens next, or emitted under the
+   SERVER span when the call ends;
+3. else a recording span is current -> a ``llm.tokenize`` child of it;
+4. else nothing: a tokenizer used outside any traced work (at start-up, in a data
+   pipeline) does not produce root spans.
+
+Decodes follow the same order, except that during a request they only add to
+``llm.detokenize.total_s`` (incremental detokenization), and a final decode after
+``generate()`` returned inside a server call becomes an ``llm.detokenize`` child of
+that request.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from llmtrace import _runtime, semconv
+from llmtrace._safety import guarded
+from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.request import current_request
+from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
+
+#: Set while a traced tokenizer call runs: the library's own nested calls
+#: (transformers -> tokenizers, encode -> __call__ -> encode_batch) pass straight through.
+_in_tokenizer: contextvars.ContextVar[bool] = contextvars.ContextVar("llmtrace_in_tokenizer", default=False)
+
+
+def tokenizer_busy() -> bool:
+    return _in_tokenizer.get()
+
+
+@contextmanager
+def tokenizer_call() -> Iterator[None]:
+    token = _in_tokenizer.set(True)
+    try:
+        yield
+    finally:
+        _in_tokenizer.reset(token)
+
+
+def capture_text(text: Any) -> str | None:
+    """*text* (or the first of a batch) when content capture is on, else None."""
+    settings = _runtime.settings()
+    if not settings.capture_content:
+        return None
+    if isinstance(text, (list, tuple)):
+        text = text[0] if text else None
+    if not isinstance(text, str):
+        return None
+    return text[: settings.capture_content_max_chars]
+
+
+def live_span(name: str, parent: otel_context.Context | None, start_ns: int, end_ns: int,
+              attributes: dict[str, Any], error: BaseException | None = None) -> None:
+    """A finished span with explicit monotonic start/end, as a child of *parent*."""
+    span = _runtime.tracer().start_span(name, context=parent, start_time=to_wall_ns(start_ns))
+    if span.is_recording():
+        span.set_attributes(attributes)
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, type(error).__name__))
+            span.record_exception(error)
+    span.end(end_time=to_wall_ns(max(start_ns, end_ns)))
+
+
+def _current_span_recording() -> bool:
+    return trace.get_current_span().is_recording()
+
+
+@guarded("tokenize.record")
+def record_tokenize(start_ns: int, end_ns: int, tokens: int, batch: int, tokenizer_class: str,
+                    text: str | None = None, error: BaseException | None = None) -> None:
+    """Report one user-level encode (see the module docstring for where it goes)."""
+    handle = current_request()
+    if handle is not None and error is None:
+        handle.tokenized(tokens, start_ns, end_ns)
+        if text is not None and handle.prompt is None:
+            handle.prompt = text
+        return
+    scope = current_scope()
+    if scope is not None and not scope.closed and error is None:
+        scope.pending.append(PendingTokenize(start_ns, end_ns, tokens, batch, tokenizer_class, text))
+        return
+    if _current_span_recording() or (handle is not None and error is not None):
+        parent = handle.context() if handle is not None else None
+        live_span(semconv.SPAN_TOKENIZE, parent, start_ns, end_ns, _tokenize_attrs(tokens, batch, tokenizer_class),
+                  error)
+
+
+def _tokenize_attrs(tokens: int, batch: int, tokenizer_class: str) -> dict[str, Any]:
+    return {semconv.LLM_TOKENIZE_TOKENS: tokens, semconv.LLM_TOKENIZE_BATCH: batch,
+            semconv.LLM_TOKENIZER_CLASS: tokenizer_class}
+
+
+@guarded("detokenize.record")
+def record_detokenize(start_ns: int, end_ns: int, tokens: int, tokenizer_class: str,
+                      text: str | None = None, error: BaseException | None = None) -> None:
+    """Report one user-level decode."""
+    attrs = {semconv.LLM_DETOKENIZE_TOKENS: tokens, semconv.LLM_TOKENIZER_CLASS: tokenizer_class}
+    handle = current_request()
+    if handle is not None:
+        handle.detokenized(end_ns - start_ns)
+        if error is not None:
+            live_span(semconv.SPAN_DETOKENIZE, handle.context(), start_ns, end_ns, attrs, error)
+        return
+    scope = current_scope()
+    if scope is not None and (target := _deferred_request(scope)) is not None:
+        target.detokenized(end_ns - start_ns)
+        if text is not None:
+            finish = scope.deferred.get(id(target))
+            if finish is not None and finish.completion is None:
+                finish.completion = text
+        live_span(semconv.SPAN_DETOKENIZE, target.context(), start_ns, end_ns, attrs, error)
+        return
+    if _current_span_recording():
+        live_span(semconv.SPAN_DETOKENIZE, None, start_ns, end_ns, attrs, error)
+
+
+def _deferred_request(scope: ServerScope) -> Any:
+    for handle in reversed(scope.handles):
+        if handle.finish_ns is None and id(handle) in scope.deferred:
+            return handle
+    return None
+
+
+def emit_pending(scope: ServerScope) -> None:
+    """Unclaimed encodes of a finished server call: ``llm.tokenize`` under the SERVER span."""
+    for item in scope.take_pending():
+        live_span(semconv.SPAN_TOKENIZE, scope.context, item.start_ns, item.end_ns,
+                  _tokenize_attrs(item.tokens, item.batch, item.tokenizer_class))
+
+
+# --------------------------------------------------------------------------- wrappers
+def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   instance: Any = None) -> Any:
+    """The argument *name* of a call to *func*, bound by name (``inspect.signature``)."""
+    import inspect
+
+    signature = inspect.signature(func)
+    call_args = (instance, *args) if instance is not None else args
+    bound = signature.bind_partial(*call_args, **kwargs)
+    return bound.arguments.get(name)
+
+
+def encode_wrapper(count: Any, text_param: str) -> Any:
+    """A wrapt wrapper timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
+    from llmtrace.lifecycle.clock import monotonic_ns
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _in_tokenizer.get():
+            return wrapped(*args, **kwargs)
+        token = _in_tokenizer.set(True)
+        start = monotonic_ns()
+        try:
+            result = wrapped(*args, **kwargs)
+        except Exception as exc:
+            _in_tokenizer.reset(token)
+            _after_encode(count, text_param, wrapped, instance, args, kwargs, None, start, exc)
+            raise
+        _in_tokenizer.reset(token)
+        _after_encode(count, text_param, wrapped, instance, args, kwargs, result, start, None)
+        return result
+
+    return wrapper
+
+
+@guarded("tokenize.wrapper")
+def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args: tuple[Any, ...],
+                  kwargs: dict[str, Any], result: Any, start_ns: int, error: BaseException | None) -> None:
+    from llmtrace.lifecycle.clock import monotonic_ns
+
+    end = monotonic_ns()
+    tokens, batch = count(result, args, kwargs) if error is None else (0, 0)
+    text = None
+    if _runtime.settings().capture_content:
+        text = capture_text(bound_argument(wrapped, text_param, args, kwargs))
+    record_tokenize(start_ns, end, tokens, batch, type(instance).__name__, text, error)
+
+
+def decode_wrapper(count: Any) -> Any:
+    """A wrapt wrapper timing one user-level decode; *count(args, kwargs)* -> tokens."""
+    from llmtrace.lifecycle.clock import monotonic_ns
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _in_tokenizer.get():
+            return wrapped(*args, **kwargs)
+        token = _in_tokenizer.set(True)
+        start = monotonic_ns()
+        try:
+            result = wrapped(*args, **kwargs)
+        except Exception as exc:
+            _in_tokenizer.reset(token)
+            _after_decode(count, instance, args, kwargs, None, start, exc)
+            raise
+        _in_tokenizer.reset(token)
+        _after_decode(count, instance, args, kwargs, result, start, None)
+        return result
+
+    return wrapper
+
+
+@guarded("detokenize.wrapper")
+def _after_decode(count: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
+                  start_ns: int, error: BaseException | None) -> None:
+    from llmtrace.lifecycle.clock import monotonic_ns
+
+    end = monotonic_ns()
+    tokens = count(args, kwargs) if error is None else 0
+    record_detokenize(start_ns, end, tokens, type(instance).__name__, capture_text(result), error)
+
+
+def first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
+    """The method's first parameter, called *name*, whether passed by position or by name.
+
+    The cheap form of binding for wrappers on per-token paths, where
+    ``inspect.signature(...).bind`` would cost more than the call it measures.
+    """
+    if args:
+        return args[0]
+    return kwargs.get(name)

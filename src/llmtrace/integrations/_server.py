@@ -1,0 +1,82 @@
+"""One incoming call as the network integrations see it (ASGI, aiohttp, gRPC).
+
+Opens a :class:`~llmtrace.lifecycle.scope.ServerScope` inside the SERVER span the
+OTel instrumentation made, and adds what that instrumentation lacks: the time to
+the first byte of a streamed response, and requests ended as ``abort`` when the
+client goes away.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any
+
+from opentelemetry import trace
+
+from llmtrace import semconv
+from llmtrace._safety import guarded
+from llmtrace.integrations._common import emit_pending
+from llmtrace.lifecycle.builder import BUILDER
+from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
+from llmtrace.lifecycle.scope import ServerScope, enter_scope, exit_scope
+
+#: Network integrations that are on; middleware left in a live app after
+#: ``uninstrument()`` checks it and passes calls straight through.
+ENABLED: set[str] = set()
+
+
+class Exchange:
+    """The llmtrace side of one server call."""
+
+    __slots__ = ("_token", "complete", "scope", "span")
+
+    def __init__(self) -> None:
+        self.span = trace.get_current_span()
+        # The call arrived when the SERVER span started (before routing and body parsing).
+        started = getattr(self.span, "start_time", None)
+        arrival = min(to_mono_ns(started), monotonic_ns()) if isinstance(started, int) else None
+        self.scope = ServerScope(arrival_ns=arrival)
+        self.complete = False
+        self._token: contextvars.Token[ServerScope | None] | None = None
+
+    def enter(self) -> None:
+        self._token = enter_scope(self.scope)
+
+    def exit(self) -> None:
+        if self._token is not None:
+            exit_scope(self._token)
+            self._token = None
+
+    @guarded("server.first_byte")
+    def first_byte(self, streamed: bool) -> None:
+        scope = self.scope
+        if scope.first_byte_ns is not None:
+            return
+        scope.first_byte_ns = monotonic_ns()
+        if streamed and self.span.is_recording():
+            self.span.set_attribute(semconv.LLM_TIME_TO_FIRST_BYTE_S, (scope.first_byte_ns - scope.arrival_ns) * 1e-9)
+
+    @guarded("server.disconnect")
+    def disconnected(self, error: BaseException | None = None) -> None:
+        """The client went away before the response was complete."""
+        if not self.complete:
+            self.complete = True
+            self.scope.abort_open(None, semconv.FINISH_ABORT)
+            _emit_later(self.scope)
+
+    @guarded("server.finish")
+    def finish(self, error: BaseException | None = None) -> None:
+        """The response is complete (or the handler failed with *error*)."""
+        if self.complete:
+            return
+        self.complete = True
+        self.scope.close(error, _emit_later)
+
+
+def _emit_later(scope: ServerScope) -> None:
+    if scope.pending:
+        BUILDER.submit(lambda: emit_pending(scope))
+
+
+def current_exchange_span() -> Any:
+    return trace.get_current_span()

@@ -1,0 +1,69 @@
+"""The ASGI middleware llmtrace puts inside OTel's ``OpenTelemetryMiddleware``.
+
+It runs in the SERVER span's context and wraps ``receive``/``send`` to see the
+first body chunk (time to first byte), the end of the response, and
+``http.disconnect`` (the client went away: open requests end as ``abort``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from llmtrace.integrations._server import ENABLED, Exchange
+from llmtrace.integrations.fastapi import extractors
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+INTEGRATION = "fastapi"
+
+
+class ScopeMiddleware:
+    """ASGI middleware: one :class:`Exchange` per HTTP call."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._llmtrace_scope_middleware = True
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or INTEGRATION not in ENABLED:
+            await self.app(scope, receive, send)
+            return
+        exchange = Exchange()
+        start: list[Message] = []
+
+        async def traced_receive() -> Message:
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                exchange.disconnected()
+            return message
+
+        async def traced_send(message: Message) -> None:
+            kind = message.get("type")
+            if kind == "http.response.start":
+                start.append(message)
+            elif kind == "http.response.body" and exchange.scope.first_byte_ns is None and message.get("body"):
+                exchange.first_byte(extractors.is_streamed(start[0] if start else None, message))
+            try:
+                await send(message)
+            except BaseException as exc:
+                if extractors.is_disconnect(exc):
+                    exchange.disconnected(exc)
+                raise
+            if kind == "http.response.body" and not message.get("more_body", False):
+                exchange.finish()
+
+        exchange.enter()
+        try:
+            await self.app(scope, traced_receive, traced_send)
+        except BaseException as exc:
+            if extractors.is_disconnect(exc):
+                exchange.disconnected(exc)
+            else:
+                exchange.finish(exc)
+            raise
+        finally:
+            exchange.exit()
+        exchange.finish()

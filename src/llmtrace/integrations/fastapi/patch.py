@@ -1,0 +1,88 @@
+"""Wiring of the ``fastapi`` integration.
+
+Reuses opentelemetry-instrumentation-fastapi: every ``FastAPI`` app is passed to
+``FastAPIInstrumentor.instrument_app`` when it builds its middleware stack (at its
+first request), whether it was created before or after ``instrument()``. Every
+``OpenTelemetryMiddleware`` (FastAPI's, or one a Starlette app added by hand) gets
+llmtrace's :class:`~llmtrace.integrations.fastapi.asgi.ScopeMiddleware` inside it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import weakref
+from typing import Any
+
+from llmtrace import _runtime
+from llmtrace._safety import guarded
+from llmtrace.integrations import _server
+from llmtrace.integrations._base import Instrumentor
+from llmtrace.integrations.fastapi import _constants
+from llmtrace.integrations.fastapi.asgi import INTEGRATION, ScopeMiddleware
+
+_apps: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@guarded("fastapi.instrument_app")
+def _instrument_app(app: Any) -> bool:
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    providers = _runtime.current().providers
+    FastAPIInstrumentor.instrument_app(
+        app,
+        tracer_provider=providers.tracer_provider if providers else None,
+        meter_provider=providers.meter_provider if providers else None,
+        exclude_spans=list(_constants.EXCLUDE_SPANS),
+    )
+    _apps.add(app)
+    return True
+
+
+def _build_middleware_stack_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
+                                    kwargs: dict[str, Any]) -> Any:
+    if getattr(instance, "_is_instrumented_by_opentelemetry", False):
+        return wrapped(*args, **kwargs)
+    if _instrument_app(instance) and getattr(instance, "_is_instrumented_by_opentelemetry", False):
+        return instance.build_middleware_stack()
+    return wrapped(*args, **kwargs)
+
+
+def _otel_middleware_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
+                                  kwargs: dict[str, Any]) -> Any:
+    args, kwargs = _with_scope_middleware(wrapped, args, kwargs)
+    return wrapped(*args, **kwargs)
+
+
+def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...],
+                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    try:
+        bound = inspect.signature(wrapped).bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs  # the host's own mistake: let the library report it
+    app = bound.arguments.get("app")
+    if app is not None and not getattr(app, "_llmtrace_scope_middleware", False):
+        bound.arguments["app"] = ScopeMiddleware(app)
+    return bound.args, bound.kwargs
+
+
+class FastAPIInstrumentor(Instrumentor):
+    name = "fastapi"
+    trigger = _constants.MODULE
+    distribution = _constants.DISTRIBUTION
+    supported = _constants.SUPPORTED
+
+    def _patch(self) -> None:
+        self.patches.wrap(_constants.ASGI_MODULE, _constants.ASGI_MIDDLEWARE_INIT, _otel_middleware_init_wrapper)
+        self.patches.wrap(_constants.MODULE, _constants.BUILD_MIDDLEWARE_STACK, _build_middleware_stack_wrapper)
+        _server.ENABLED.add(INTEGRATION)
+
+    def _unpatch(self) -> None:
+        _server.ENABLED.discard(INTEGRATION)
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor as OTelFastAPI
+
+        for app in list(_apps):
+            try:
+                OTelFastAPI.uninstrument_app(app)
+            except Exception:  # noqa: BLE001 - an app in a strange state keeps its middleware
+                continue
+        _apps.clear()

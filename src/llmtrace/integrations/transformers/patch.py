@@ -1,0 +1,121 @@
+"""Wiring of the ``transformers`` integration.
+
+Each target is patched when the submodule defining it is imported (transformers
+loads lazily), so a process that only tokenizes never imports torch because of us.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import wrapt
+
+from llmtrace._safety import guarded
+from llmtrace.integrations import _common
+from llmtrace.integrations._base import Instrumentor
+from llmtrace.integrations.transformers import _constants, extractors, generate
+
+
+def _count_encoding(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
+    return extractors.encoding_counts(result)
+
+
+def _count_decode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return extractors.ids_count(_common.first_argument(args, kwargs, "token_ids"))
+
+
+def _count_batch_decode(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    return extractors.ids_count(_common.first_argument(args, kwargs, "sequences"))
+
+
+@guarded("transformers.post_init")
+def _hook_new_model(model: Any) -> None:
+    from llmtrace.integrations.torch import patch as torch_patch
+
+    if torch_patch.hook_model(model, always=False):
+        _models.add(model)
+
+
+def _post_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = wrapped(*args, **kwargs)
+    _hook_new_model(instance)
+    return result
+
+
+_models: weakref.WeakSet[Any] = weakref.WeakSet()
+_registered: set[str] = set()
+_registered_lock = threading.Lock()
+
+
+class TransformersInstrumentor(Instrumentor):
+    name = "transformers"
+    trigger = _constants.MODULE
+    distribution = _constants.DISTRIBUTION
+    supported = _constants.SUPPORTED
+
+    def _targets(self) -> dict[str, Callable[[], None]]:
+        return {
+            _constants.TOKENIZER_MODULE: self._patch_tokenizers,
+            _constants.MODELING_MODULE: self._patch_modeling,
+            _constants.GENERATION_MODULE: self._patch_generation,
+            _constants.STREAMERS_MODULE: self._patch_streamers,
+        }
+
+    def _patch(self) -> None:
+        self._wanted = True
+        self._done: set[str] = set()
+        for module, patch in self._targets().items():
+            if module in sys.modules:
+                self._apply(module, patch)
+            with _registered_lock:
+                if module in _registered:
+                    continue
+                _registered.add(module)
+            wrapt.register_post_import_hook(self._on_import(module), module)
+
+    def _on_import(self, module: str) -> Callable[[Any], None]:
+        def hook(_: Any) -> None:
+            from llmtrace import _registry
+
+            current = _registry.instrumentor(self.name)
+            target = current if isinstance(current, TransformersInstrumentor) else self
+            if getattr(target, "_wanted", False):
+                target._apply(module, target._targets()[module])
+
+        return hook
+
+    @guarded("transformers.patch")
+    def _apply(self, module: str, patch: Callable[[], None]) -> None:
+        if module in self._done:
+            return
+        self._done.add(module)
+        patch()
+
+    def _patch_tokenizers(self) -> None:
+        for path, text_param in _constants.ENCODE_METHODS:
+            self.patches.wrap(_constants.TOKENIZER_MODULE, path, _common.encode_wrapper(_count_encoding, text_param))
+        decode, batch_decode = _constants.DECODE_METHODS
+        self.patches.wrap(_constants.TOKENIZER_MODULE, decode, _common.decode_wrapper(_count_decode))
+        self.patches.wrap(_constants.TOKENIZER_MODULE, batch_decode, _common.decode_wrapper(_count_batch_decode))
+
+    def _patch_modeling(self) -> None:
+        self.patches.wrap(_constants.MODELING_MODULE, _constants.POST_INIT, _post_init_wrapper)
+
+    def _patch_generation(self) -> None:
+        self.patches.wrap(_constants.GENERATION_MODULE, _constants.GENERATE, generate.generate_wrapper)
+
+    def _patch_streamers(self) -> None:
+        self.patches.wrap(_constants.STREAMERS_MODULE, _constants.STREAMER_INIT, generate.streamer_init_wrapper)
+
+    def _unpatch(self) -> None:
+        from llmtrace.integrations.torch import patch as torch_patch
+
+        self._wanted = False
+        self._done = set()
+        for model in list(_models):
+            torch_patch.unhook_model(model)
+        _models.clear()

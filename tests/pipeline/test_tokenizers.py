@@ -1,0 +1,91 @@
+"""Tokenizer integrations: one user call is one record, routed by the scope it runs in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+
+import llmtrace
+from llmtrace import semconv
+
+pytestmark = pytest.mark.torch
+
+
+def _raw(tokenizer: Any) -> Any:
+    return tokenizer.backend_tokenizer
+
+
+def test_tokenizers_encode_under_a_span_is_one_tokenize_span(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """tokenizers.Tokenizer.encode under a current span -> one llm.tokenize child with the token count."""
+    raw = _raw(tiny_tokenizer)
+    with capture_spans() as captured, trace.get_tracer("test").start_as_current_span("work"):
+        encoding = raw.encode("hello world, the quick brown fox")
+    span = captured.one(semconv.SPAN_TOKENIZE)
+    assert len(encoding.ids) == span.attributes[semconv.LLM_TOKENIZE_TOKENS]
+    assert 1 == span.attributes[semconv.LLM_TOKENIZE_BATCH]
+    assert [span] == captured.children(captured.one("work"))
+
+
+def test_tokenizers_batch_and_decode_methods_are_traced(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """encode_batch, decode and decode_batch each give one span with their counts."""
+    raw = _raw(tiny_tokenizer)
+    with capture_spans() as captured, trace.get_tracer("test").start_as_current_span("work"):
+        batch = raw.encode_batch(["hello world", "the quick brown fox"])
+        raw.decode(batch[0].ids)
+        raw.decode_batch([e.ids for e in batch])
+    tokenize = captured.one(semconv.SPAN_TOKENIZE)
+    assert sum(len(e.ids) for e in batch) == tokenize.attributes[semconv.LLM_TOKENIZE_TOKENS]
+    assert 2 == tokenize.attributes[semconv.LLM_TOKENIZE_BATCH]
+    detok = sorted(s.attributes[semconv.LLM_DETOKENIZE_TOKENS] for s in captured.named(semconv.SPAN_DETOKENIZE))
+    assert sorted([len(batch[0].ids), sum(len(e.ids) for e in batch)]) == detok
+
+
+def test_transformers_call_is_one_span_not_two(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """A transformers tokenizer call runs tokenizers.encode_batch inside: only the outer call is recorded."""
+    with capture_spans() as captured, trace.get_tracer("test").start_as_current_span("work"):
+        enc = tiny_tokenizer(["hello world", "the quick brown fox jumps"], padding=True)
+        ids = tiny_tokenizer.encode("hello world")
+        tiny_tokenizer.decode(ids)
+        tiny_tokenizer.batch_decode(enc["input_ids"])
+    real_tokens = sum(sum(row) for row in enc["attention_mask"])
+    counts = [s.attributes[semconv.LLM_TOKENIZE_TOKENS] for s in captured.named(semconv.SPAN_TOKENIZE)]
+    assert sorted([real_tokens, len(ids)]) == sorted(counts)
+    assert 2 == len(captured.named(semconv.SPAN_DETOKENIZE))
+    assert {"TokenizersBackend"} == {s.attributes[semconv.LLM_TOKENIZER_CLASS] for s in captured.spans
+                                     if s.name in (semconv.SPAN_TOKENIZE, semconv.SPAN_DETOKENIZE)}
+
+
+def test_encode_in_a_request_is_recorded_on_the_request(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """With a current request the encode becomes its llm.tokenize child (built at finish), not a live span."""
+    with capture_spans() as captured:
+        handle = llmtrace.start_request(model="m")
+        with handle.activate():
+            ids = tiny_tokenizer.encode("hello world, the quick brown fox")
+            tiny_tokenizer.decode(ids)
+        handle.finished()
+    request = captured.one(semconv.SPAN_REQUEST)
+    tokenize = captured.one(semconv.SPAN_TOKENIZE)
+    assert [tokenize] == captured.children(request, semconv.SPAN_TOKENIZE)
+    assert len(ids) == request.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    assert request.attributes[semconv.LLM_DETOKENIZE_TOTAL_S] > 0
+    assert [] == captured.named(semconv.SPAN_DETOKENIZE)  # incremental detokenize is a total, not a span
+
+
+def test_tokenizer_outside_traced_work_records_nothing(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """No request, no server call, no current span: no root spans for start-up tokenization."""
+    with capture_spans() as captured:
+        tiny_tokenizer("hello world")
+        tiny_tokenizer.decode([5, 6, 7])
+    assert [] == captured.spans
+
+
+def test_tokenizer_error_propagates_and_marks_the_span(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """The library's own exception reaches the caller untouched; the span says ERROR."""
+    raw = _raw(tiny_tokenizer)
+    with capture_spans() as captured, trace.get_tracer("test").start_as_current_span("work"), \
+            pytest.raises(TypeError):
+        raw.encode(12345)
+    span = captured.one(semconv.SPAN_TOKENIZE)
+    assert trace.StatusCode.ERROR == span.status.status_code
