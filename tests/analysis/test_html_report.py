@@ -103,6 +103,23 @@ def test_report_renders_without_console_errors(report: Path, tmp_path: Path) -> 
     assert dom.count('class="pt"') > 20  # scatter points
 
 
+@pytest.mark.parametrize("keep", ["requests", "engine"])
+def test_partial_data_renders_without_errors(keep: str, tmp_path: Path) -> None:
+    """Only request traces, or only the engine timeline: the page still renders, empty charts say why."""
+    browser = _chromium()
+    traces = tmp_path / "sim.jsonl"
+    write_jsonl(str(traces), SimConfig(duration_s=2, arrival_rate=8))
+    spans = load_spans(str(traces)).spans
+    engine_names = {"llm.engine", "llm.step", "llm.schedule", "llm.forward", "llm.sample", "llm.postprocess", "llm.gc"}
+    kept = [s for s in spans if (s.name in engine_names) == (keep == "engine")]
+    page = tmp_path / "partial.html"
+    page.write_text(render_html(to_json(analyze(build_traceset(kept)), include_views=True)), encoding="utf-8")
+    proc = _run(browser, tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert [] == [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert 'data-rendered="1"' in proc.stdout
+    assert 'class="empty"' in proc.stdout
+
+
 def test_report_screenshot_is_saved_for_review(report: Path, tmp_path: Path) -> None:
     """A full-page screenshot lands in artifacts/ (gitignored) for people to look at."""
     browser = _chromium()

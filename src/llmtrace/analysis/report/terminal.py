@@ -42,16 +42,15 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
         f"({req['errors']} errors) · {fmt_s(req['duration_s'])} · {req['throughput_rps']:.1f} req/s · "
         f"{req['output_tokens_per_s']:.0f} output tok/s"
     )
-    lines += ["", f"{'Latency':<22}{'p50':>10}{'p90':>10}{'p99':>10}"]
-    for key, label in (
-        ("ttft_s", "time to first token"),
-        ("e2e_s", "end to end"),
-        ("tpot_s", "per output token"),
-    ):
-        d = req.get(key) or {}
-        lines.append(f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}")
-    lines += _phases(summary["breakdown"])
-    lines += _critical_path(summary["critical_path"])
+    if req["count"]:
+        lines += ["", f"{'Latency':<22}{'p50':>10}{'p90':>10}{'p99':>10}"]
+        for key, label in (("ttft_s", "time to first token"), ("e2e_s", "end to end"), ("tpot_s", "per output token")):
+            d = req.get(key) or {}
+            lines.append(f"  {label:<20}{fmt_s(d.get('p50')):>10}{fmt_s(d.get('p90')):>10}{fmt_s(d.get('p99')):>10}")
+        lines += _phases(summary["breakdown"])
+        lines += _critical_path(summary["critical_path"])
+    else:
+        lines += ["", "Requests: no llm.request spans (latency, phases and critical path need request traces)"]
     lines += _gpu_idle(summary["gpu_idle"])
     lines += _bottleneck(summary["bottleneck"])
     lines += _anomalies(summary["anomalies"], max_anomalies)
