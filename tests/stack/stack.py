@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -52,12 +53,30 @@ TEST_SAMPLING: Mapping[str, str] = {
 _SCRUBBED_ENV_PREFIXES = ("OTEL_", "LLMTRACE_")
 
 _LIVE: set[ManagedProcess] = set()
+_PR_SET_PDEATHSIG = 1
+
+
+def free_ports(count: int) -> list[int]:
+    """*count* distinct free loopback ports (all held open while choosing, so no duplicates)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def _port_clash(err: StackError) -> bool:
+    """Another process took a chosen port between choosing and binding (rare; retried once)."""
+    return "address already in use" in str(err)
 
 
 def _clean_env(extra: Mapping[str, str]) -> dict[str, str]:
@@ -101,8 +120,11 @@ class ManagedProcess:
         self.name, self.argv, self.ready = name, argv, ready
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        # Own session: a terminal Ctrl-C reaches pytest, which then stops us in order.
+        # preexec_fn only calls prctl(), which is safe between fork and exec even with threads.
         self.proc = subprocess.Popen(argv, env=_clean_env(env), stdout=self._log, stderr=subprocess.STDOUT,
-                                     cwd=REPO_ROOT, start_new_session=True)
+                                     cwd=REPO_ROOT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)  # noqa: PLW1509
         _LIVE.add(self)
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -129,6 +151,12 @@ class ManagedProcess:
                 self.proc.wait(STOP_TIMEOUT_S)
         self._log.close()
         _LIVE.discard(self)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the binary if the test process dies without cleaning up (e.g. SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @atexit.register
@@ -266,10 +294,22 @@ class OtelStack:
     def start(cls, sampling: Mapping[str, str] = TEST_SAMPLING, log_dir: Path | None = None,
               jaeger_binary: Path | None = None, ports: Mapping[str, int] | None = None) -> OtelStack:
         """Start Jaeger, then the collector; *ports* (keys of :data:`PORT_NAMES`) default to free ones."""
-        binary = str(jaeger_binary or build_jaeger())
+        binary = jaeger_binary or build_jaeger()
         log_dir = log_dir or Path(tempfile.mkdtemp(prefix="llmtrace-stack-"))
+        try:
+            return cls._start(sampling, log_dir, binary, ports)
+        except StackError as err:
+            if ports or not _port_clash(err):
+                raise
+            return cls._start(sampling, log_dir, binary, ports)
+
+    @classmethod
+    def _start(cls, sampling: Mapping[str, str], log_dir: Path, jaeger_binary: Path,
+               ports: Mapping[str, int] | None) -> OtelStack:
+        binary = str(jaeger_binary)
         started_at = datetime.now(timezone.utc)
-        p = {name: (ports or {}).get(name) or free_port() for name in PORT_NAMES}
+        chosen = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES)), strict=True))
+        p = {**chosen, **(ports or {})}
         jaeger_env = {
             "LLMTRACE_JAEGER_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{p['j_grpc']}",
             "LLMTRACE_JAEGER_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{p['j_http']}",
@@ -383,7 +423,7 @@ class GatewayStack:
         tier2_endpoints: list[str] = []
         try:
             for index in range(2):
-                p = {name: free_port() for name in ("grpc", "http", "prom", "tel")}
+                p = dict(zip(("grpc", "http", "prom", "tel"), free_ports(4), strict=True))
                 env = {
                     **sampling,
                     "LLMTRACE_COLLECTOR_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{p['grpc']}",
@@ -398,7 +438,7 @@ class GatewayStack:
                     otlp_http_accepts(f"127.0.0.1:{p['http']}"), backend.log_dir))
                 telemetry.append(f"http://127.0.0.1:{p['tel']}/metrics")
                 tier2_endpoints.append(f"127.0.0.1:{p['grpc']}")
-            g = {name: free_port() for name in ("grpc", "http", "tel")}
+            g = dict(zip(("grpc", "http", "tel"), free_ports(3), strict=True))
             env = {
                 "LLMTRACE_GATEWAY_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{g['grpc']}",
                 "LLMTRACE_GATEWAY_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{g['http']}",
