@@ -51,7 +51,6 @@ class FakeWorker:
     def execute_model(self, scheduler_output: Any) -> None:
         time.sleep(FORWARD_S)
         self.pending = scheduler_output
-        return None
 
     def sample_tokens(self, grammar_output: Any) -> ModelRunnerOutput:
         so, self.pending = self.pending, None
@@ -98,8 +97,10 @@ class FakeExecutor(Executor):
     def collective_rpc(self, method: Any, timeout: Any = None, args: tuple[Any, ...] = (),
                        kwargs: dict[str, Any] | None = None, non_block: bool = False,
                        single_value: bool = False) -> Any:
-        func = getattr(self.worker, method) if isinstance(method, str) else (lambda *a, **k: method(self.worker, *a, **k))
-        result = func(*args, **(kwargs or {}))
+        if isinstance(method, str):
+            result = getattr(self.worker, method)(*args, **(kwargs or {}))
+        else:
+            result = method(self.worker, *args, **(kwargs or {}))
         value = result if single_value else [result]
         if not non_block:
             return value

@@ -92,36 +92,45 @@ def check(spans: list[Span], *, expected_requests: int | None = None, expect_dec
     steps = by_name["llm.step"]
     linked = {(t, s) for step in steps for t, s, _ in step.links}
     step_ids = {step.attributes.get("llm.step.id") for step in steps}
+    engine_traced = "engine" in {s.role for s in spans}
     for request in requests:
-        rid = request.attributes.get("llm.request.id")
-        kids = {child.name: child for child in children[request.span_id] if child.trace_id == request.trace_id}
-        wanted = ["llm.queue", "llm.prefill"] if expect_engine else []
-        if expect_tokenize:
-            wanted.append("llm.tokenize")
-        if expect_decode and (request.attributes.get("gen_ai.usage.output_tokens") or 0) > 1:
-            wanted.append("llm.decode")
-        missing = [name for name in wanted if name not in kids]
-        if missing:
-            problems.append(f"request {rid}: no {', '.join(missing)} child (has {sorted(kids)})")
-        if not expect_engine:
-            continue
-        for key in ("gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
-                    "llm.step.first_id", "gen_ai.latency.time_to_first_token"):
-            if key not in request.attributes:
-                problems.append(f"request {rid}: attribute {key} missing")
-        first, last = request.attributes.get("llm.step.first_id"), request.attributes.get("llm.step.last_id")
-        if first is not None and first not in step_ids:
-            problems.append(f"request {rid}: llm.step.first_id={first} is no llm.step.id")
-        if last is not None and last not in step_ids:
-            problems.append(f"request {rid}: llm.step.last_id={last} is no llm.step.id")
-        if (request.trace_id, request.span_id) not in linked:
-            problems.append(f"request {rid}: no llm.step links to it")
-        engine_kids = [k for k in children[request.span_id] if k.role == "engine"]
-        if "engine" in {s.role for s in spans} and not engine_kids:
-            problems.append(f"request {rid}: no phase span from the engine process")
+        problems.extend(_check_request(request, children[request.span_id], linked, step_ids, engine_traced,
+                                       expect_decode=expect_decode, expect_engine=expect_engine,
+                                       expect_tokenize=expect_tokenize))
     if expect_engine:
         problems.extend(_check_steps(steps, children, by_name["llm.engine"]))
     return report
+
+
+def _check_request(request: Span, kids_list: list[Span], linked: set[tuple[str, str]], step_ids: set[Any],
+                   engine_traced: bool, *, expect_decode: bool, expect_engine: bool,
+                   expect_tokenize: bool) -> list[str]:
+    problems: list[str] = []
+    rid = request.attributes.get("llm.request.id")
+    kids = {child.name: child for child in kids_list if child.trace_id == request.trace_id}
+    wanted = ["llm.queue", "llm.prefill"] if expect_engine else []
+    if expect_tokenize:
+        wanted.append("llm.tokenize")
+    if expect_decode and (request.attributes.get("gen_ai.usage.output_tokens") or 0) > 1:
+        wanted.append("llm.decode")
+    missing = [name for name in wanted if name not in kids]
+    if missing:
+        problems.append(f"request {rid}: no {', '.join(missing)} child (has {sorted(kids)})")
+    if not expect_engine:
+        return problems
+    for key in ("gen_ai.latency.time_in_queue", "gen_ai.latency.time_in_model_prefill",
+                "llm.step.first_id", "gen_ai.latency.time_to_first_token"):
+        if key not in request.attributes:
+            problems.append(f"request {rid}: attribute {key} missing")
+    for key in ("llm.step.first_id", "llm.step.last_id"):
+        value = request.attributes.get(key)
+        if value is not None and value not in step_ids:
+            problems.append(f"request {rid}: {key}={value} is no llm.step.id")
+    if (request.trace_id, request.span_id) not in linked:
+        problems.append(f"request {rid}: no llm.step links to it")
+    if engine_traced and not any(kid.role == "engine" for kid in kids_list):
+        problems.append(f"request {rid}: no phase span from the engine process")
+    return problems
 
 
 def _check_steps(steps: list[Span], children: dict[str, list[Span]], engines: list[Span]) -> list[str]:

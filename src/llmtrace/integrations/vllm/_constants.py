@@ -32,8 +32,10 @@ MAX_PENDING_STEPS: Final = 64
 #: API-side request records; beyond this the oldest are aborted (a leak guard, not a limit
 #: a healthy server reaches: vLLM's own ``max_num_seqs`` is far lower per engine).
 MAX_OPEN_REQUESTS: Final = 100_000
-#: A prompt render older than this is not attributed to a request added later in the same context.
-RENDER_MAX_AGE_NS: Final = 60_000_000_000
+#: Renders remembered until their request is added (a render whose request never comes is evicted).
+MAX_RENDERS: Final = 4096
+#: An ``arrival_time`` further in the past than this is not trusted as the request's start.
+MAX_ARRIVAL_AGE_NS: Final = 600_000_000_000
 
 
 @dataclass(frozen=True)
@@ -71,10 +73,12 @@ TARGETS: Final = (
     Target(SCHEDULER_MODULE, "Scheduler.finish_requests", ("request_ids", "finished_status"), "engine"),
     Target(SCHEDULER_MODULE, "Scheduler.get_request_counts", (), "engine"),
     Target(SCHEDULER_MODULE, "Scheduler.get_kv_cache_usage", (), "engine"),
+    Target(SCHEDULER_MODULE, "Scheduler.has_requests", (), "engine"),
     Target(EXECUTOR_MODULE, "Executor.execute_model", ("scheduler_output",), "engine"),
     Target(UNIPROC_MODULE, "UniProcExecutor.execute_model", ("scheduler_output",), "engine"),
     Target(MULTIPROC_MODULE, "MultiprocExecutor.execute_model", ("scheduler_output",), "engine"),
 )
 
 #: Targets that are checked but called, not wrapped (the wrappers read through them).
-CHECK_ONLY: Final = frozenset({"Scheduler.get_request_counts", "Scheduler.get_kv_cache_usage"})
+CHECK_ONLY: Final = frozenset({"Scheduler.get_request_counts", "Scheduler.get_kv_cache_usage",
+                               "Scheduler.has_requests"})

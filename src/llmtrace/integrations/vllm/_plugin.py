@@ -48,5 +48,5 @@ def vllm_plugin() -> None:
         if not os.environ.get("LLMTRACE_PROCESS_ROLE"):
             options["process_role"] = process_role()
         instrument(**options)
-    except Exception as exc:  # a tracing plugin must never stop vLLM from starting
+    except Exception as exc:  # noqa: BLE001 - a tracing plugin must never stop vLLM from starting
         log.warning("llmtrace: vLLM plugin could not start tracing: %s", exc)

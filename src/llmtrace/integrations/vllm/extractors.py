@@ -254,9 +254,25 @@ def with_summary(trace_headers: Mapping[str, str] | None, summary: Mapping[str, 
     return headers
 
 
-def prompt_count(value: Any) -> int:
-    """How many prompts a render call received (for ``llm.tokenize.batch_size``)."""
-    return _length(value) or 1
+def rendered_token_lists(result: Any) -> list[Any]:
+    """The ``prompt_token_ids`` lists in a renderer's result.
+
+    ``render_cmpl`` returns a list of engine inputs; ``render_chat`` a pair
+    (conversations, engine inputs). Encoder-decoder inputs carry the decoder's.
+    """
+    inputs = result[1] if isinstance(result, tuple) and len(result) == 2 else result
+    found: list[Any] = []
+    if not isinstance(inputs, (list, tuple)):
+        return found
+    for item in inputs:
+        if not isinstance(item, Mapping):
+            continue
+        decoder = item.get("decoder_prompt")
+        source = decoder if isinstance(decoder, Mapping) else item
+        token_ids = source.get("prompt_token_ids")
+        if isinstance(token_ids, list):
+            found.append(token_ids)
+    return found
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:

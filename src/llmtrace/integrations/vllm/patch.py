@@ -9,7 +9,6 @@ untouched; an llmtrace error is logged once and counted, never raised.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib
 import inspect
 import logging
@@ -59,7 +58,7 @@ def check_targets(targets: tuple[C.Target, ...] = C.TARGETS) -> tuple[list[Check
             importlib.import_module(target.module)
             _parent, _attribute, original = wrapt.resolve_path(target.module, target.path)
             parameters = list(inspect.signature(original).parameters)
-        except Exception as exc:  # a missing module/attribute is exactly what we report
+        except Exception as exc:  # noqa: BLE001 - a missing module/attribute is what we report
             problems.append(f"{where}: not found ({type(exc).__name__}: {exc})")
             continue
         if parameters and parameters[0] == "self":
@@ -97,14 +96,32 @@ def _tokenizer_scope() -> contextlib.AbstractContextManager[Any]:
 
 
 # --------------------------------------------------------------------------- API-server side
-@dataclass(frozen=True)
-class _Render:
-    start_ns: int
-    end_ns: int
-    prompts: int
+class _Renders:
+    """Prompt renders of this process, keyed by the identity of their token-id list.
+
+    The list object a render produces is the one ``EngineCoreRequest.prompt_token_ids``
+    carries, so the request finds its render whatever task or thread it runs in.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, int, int]] = {}
+
+    def add(self, token_ids: Any, start_ns: int, end_ns: int) -> None:
+        if len(self._by_id) >= C.MAX_RENDERS:
+            self._by_id.pop(next(iter(self._by_id)))
+        self._by_id[id(token_ids)] = (token_ids, start_ns, end_ns)
+
+    def pop(self, token_ids: Any) -> tuple[int, int] | None:
+        entry = self._by_id.pop(id(token_ids), None)
+        if entry is None or entry[0] is not token_ids:
+            return None
+        return entry[1], entry[2]
+
+    def clear(self) -> None:
+        self._by_id.clear()
 
 
-_render: contextvars.ContextVar[_Render | None] = contextvars.ContextVar("llmtrace_vllm_render", default=None)
+RENDERS = _Renders()
 
 
 class _ApiState:
@@ -120,26 +137,28 @@ class _ApiState:
     def reset(self) -> None:
         self.open.clear()
         self.engine_reports = False
+        RENDERS.clear()
 
 
 API = _ApiState()
 
 
 @guarded("vllm.render")
-def _note_render(renderer: Any, start_ns: int, end_ns: int, prompts: Any) -> None:
-    _render.set(_Render(start_ns, end_ns, X.prompt_count(prompts)))
+def _note_render(renderer: Any, start_ns: int, end_ns: int, result: Any) -> None:
+    for token_ids in X.rendered_token_lists(result):
+        RENDERS.add(token_ids, start_ns, end_ns)
     if API.model is None:
         API.model = X.model_name(getattr(renderer, "config", None))
 
 
-def _render_wrapper(arg: Callable[[tuple[Any, ...], dict[str, Any]], Any], is_async: bool) -> _Wrapper:
+def _render_wrapper(is_async: bool) -> _Wrapper:
     if is_async:
         def wrapper_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             async def run() -> Any:
                 start = monotonic_ns()
                 with _tokenizer_scope():
                     result = await wrapped(*args, **kwargs)
-                _note_render(instance, start, monotonic_ns(), arg(args, kwargs))
+                _note_render(instance, start, monotonic_ns(), result)
                 return result
 
             return run()
@@ -150,20 +169,20 @@ def _render_wrapper(arg: Callable[[tuple[Any, ...], dict[str, Any]], Any], is_as
         start = monotonic_ns()
         with _tokenizer_scope():
             result = wrapped(*args, **kwargs)
-        _note_render(instance, start, monotonic_ns(), arg(args, kwargs))
+        _note_render(instance, start, monotonic_ns(), result)
         return result
 
     return wrapper
 
 
-def _arrival_ns(request: Any, now: int, render: _Render | None) -> int:
-    if render is not None and 0 <= now - render.end_ns <= C.RENDER_MAX_AGE_NS:
-        return render.start_ns
+def _arrival_ns(request: Any, now: int, render: tuple[int, int] | None) -> int:
+    if render is not None:
+        return render[0]
     arrival_s = getattr(request, "arrival_time", None)
     if isinstance(arrival_s, (int, float)) and arrival_s > 0:
-        # Wall time taken in *this* process (the API server), so the conversion is sound.
+        # Wall time taken in *this* process (the API server; the renderer's start), so converting is sound.
         mono = to_mono_ns(int(arrival_s * 1e9))
-        if 0 <= now - mono <= C.RENDER_MAX_AGE_NS:
+        if 0 <= now - mono <= C.MAX_ARRIVAL_AGE_NS:
             return mono
     return now
 
@@ -174,7 +193,7 @@ def _open_api_request(request: Any) -> RequestHandle | None:
     if not params.request_id or params.request_id in API.open:
         return None  # a streaming-input continuation of a request already open
     now = monotonic_ns()
-    render = _render.get()
+    render = RENDERS.pop(getattr(request, "prompt_token_ids", None))
     carrier = None
     if not trace.get_current_span().get_span_context().is_valid:
         # No SERVER span here: join the caller's trace that vLLM passed along (--otlp-traces-endpoint).
@@ -183,8 +202,8 @@ def _open_api_request(request: Any) -> RequestHandle | None:
                            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
                            stream=params.stream, carrier=carrier, attributes={semconv.GEN_AI_SYSTEM: "vllm"},
                            arrival_ns=_arrival_ns(request, now, render))
-    if render is not None and 0 <= now - render.end_ns <= C.RENDER_MAX_AGE_NS:
-        handle.tokenized(params.prompt_tokens or 0, render.start_ns, render.end_ns)
+    if render is not None:
+        handle.tokenized(params.prompt_tokens or 0, render[0], render[1])
     request.trace_headers = X.merge_carrier(getattr(request, "trace_headers", None), handle.carrier())
     if len(API.open) >= C.MAX_OPEN_REQUESTS:
         oldest = next(iter(API.open))
@@ -455,6 +474,9 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         output.trace_headers = X.with_summary(getattr(output, "trace_headers", None), summary)
     if step is not None:
         state.tracer.end_step(step)
+    if not scheduler.has_requests():
+        # The engine goes idle: close the window now, or its steps would wait for the next request.
+        state.tracer.flush_window()
 
 
 def _engine_update_from_output(positions: dict[str, int]) -> _Wrapper:
@@ -495,8 +517,7 @@ def _engine_finish_requests(positions: dict[str, int]) -> _Wrapper:
 def _wrapper_for(checked: Checked) -> _Wrapper | None:
     path, positions = checked.target.path, checked.positions
     if path.startswith("BaseRenderer."):
-        name = "prompts" if "cmpl" in path else "conversations"
-        return _render_wrapper(_binder(positions, name), path.endswith("_async"))
+        return _render_wrapper(path.endswith("_async"))
     factories: dict[str, Callable[[dict[str, int]], _Wrapper]] = {
         "OutputProcessor.add_request": _api_add_request,
         "OutputProcessor.process_outputs": _api_process_outputs,
@@ -531,7 +552,7 @@ class VllmInstrumentor(Instrumentor):
             return
         try:
             self.problems = self.preflight()
-        except Exception as exc:  # a broken check must not break vLLM's import
+        except Exception as exc:  # noqa: BLE001 - a broken check must not break vLLM's import
             self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
         if self.problems:
             warn_once("vllm:off", "llmtrace: vLLM adapter is OFF for vllm %s (supported %s): %s",
