@@ -23,8 +23,9 @@ lint: $(SETUP)  ## ruff on src and tests, mypy strict on src
 demo: $(SETUP)  ## reference server under load, traced, then the analysis
 	$(VENV)/bin/llmtrace demo
 
+# scripts/stack.py needs only the standard library and Go (for the first build): no venv.
 stack-build:  ## build and cache the Go binaries of the local stack
-	$(PYTHON) scripts/stack.py build
+	python3 scripts/stack.py build
 
-stack-up: $(SETUP)  ## collector + Jaeger without Docker, on the docker-compose ports (Ctrl-C stops)
-	$(PYTHON) scripts/stack.py up
+stack-up:  ## collector + Jaeger without Docker, on the docker-compose ports (Ctrl-C stops)
+	python3 scripts/stack.py up
