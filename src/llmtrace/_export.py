@@ -16,7 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.context import Context
@@ -50,7 +50,7 @@ def _hex_ids(node: Any) -> Any:
 class _AppendFile:
     """One O_APPEND descriptor shared by the span and metric exporters of a process."""
 
-    _announced: set[str] = set()
+    _announced: ClassVar[set[str]] = set()
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
@@ -199,7 +199,7 @@ class BoundedSpanProcessor(SpanProcessor):
         self._batch.on_end(span)
 
     def shutdown(self) -> None:
-        self._batch.shutdown()
+        self._batch.shutdown()  # type: ignore[no-untyped-call]
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._batch.force_flush(timeout_millis)

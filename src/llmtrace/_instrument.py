@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -162,10 +163,8 @@ def shutdown(timeout_s: float = 5.0) -> bool:
 
 
 def _at_exit() -> None:
-    try:
+    with contextlib.suppress(Exception):  # never turn interpreter exit into a traceback
         shutdown(timeout_s=3.0)
-    except Exception:  # noqa: BLE001 - never turn interpreter exit into a traceback
-        pass
 
 
 def current() -> Instrumentation | None:

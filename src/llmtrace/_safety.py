@@ -7,6 +7,7 @@ proceeds unchanged. The host's own exceptions are never caught here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -34,10 +35,8 @@ def record_error(site: str, exc: BaseException | None = None) -> None:
         log.warning("llmtrace: internal error in %s (further ones are counted, not logged)", site,
                     exc_info=exc)
     for listener in list(_error_listeners):
-        try:
+        with contextlib.suppress(Exception):  # a broken metrics pipeline must not loop back here
             listener(site)
-        except Exception:  # noqa: BLE001 - a broken metrics pipeline must not loop back here
-            pass
 
 
 def warn_once(key: str, message: str, *args: Any) -> None:

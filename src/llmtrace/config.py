@@ -98,8 +98,8 @@ def _number(kind: type, low: float, high: float) -> Callable[[str, Any], Any]:
 
 def _exporter(name: str, value: Any) -> str:
     text = _str(name, value)
-    for item in text.split(","):
-        item = item.strip()
+    for raw in text.split(","):
+        item = raw.strip()
         if item in ("otlp", "console", "none", "file") or (item.startswith("file:") and len(item) > 5):
             continue
         raise ConfigError(f"{name}: {item!r} is not one of otlp, file:PATH, file, console, none "
@@ -156,7 +156,8 @@ OPTIONS: tuple[Option, ...] = (
            "Maximum steps in one `llm.engine` window (a window closes at whichever limit comes first)."),
     Option("max_links", _number(int, 0, 128), 128, "Links from an `llm.step` to the request spans of its batch."),
     Option("integrations", _integrations, None,
-           f"Comma-separated integrations to enable (default: every available one of {', '.join(KNOWN_INTEGRATIONS)})."),
+           "Comma-separated integrations to enable (default: every available one of "
+           f"{', '.join(KNOWN_INTEGRATIONS)})."),
     Option("disable", _integrations, (), "Comma-separated integrations to leave off."),
     Option("capture_content", _bool, False, "Record prompt and completion text (off by default)."),
     Option("capture_content_max_chars", _number(int, 1, 10_000_000), 2048,
@@ -168,7 +169,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_queue_size", _number(int, 16, 10_000_000), 8192,
            "Spans held for export at most; beyond it spans are dropped and counted."),
     Option("gc_spans", _bool, True, "Emit `llm.gc` spans for garbage-collector pauses in engine windows."),
-    Option("process_role", _str, "api-server", "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
+    Option("process_role", _str, "api-server",
+           "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -127,7 +127,7 @@ def test_step_energy_is_split_by_token_share(captured: Captured, monkeypatch: ob
     the shares sum to the steps' energy."""
     from llmtrace import _gpu_hook
 
-    monkeypatch.setattr(_gpu_hook, "_sampler", lambda: _RecordedEnergy())  # type: ignore[attr-defined]
+    monkeypatch.setattr(_gpu_hook, "_sampler", _RecordedEnergy)  # type: ignore[attr-defined]
     engine = EngineTracer("dp6")
     engine.tracker.add("big", prompt_tokens=30)
     engine.tracker.add("small", prompt_tokens=10)

@@ -42,7 +42,7 @@ class Patches:
                 return True
         raw = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
         proxy = wrapt.FunctionWrapper(original, wrapper)
-        proxy._self_llmtrace = True
+        proxy._self_llmtrace = True  # type: ignore[attr-defined]  # wrapt keeps _self_ attributes on the proxy
         setattr(parent, attribute, proxy)
         self._saved.append((parent, attribute, raw))
         return True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 NS = 1e-9
@@ -41,7 +42,7 @@ def token_timing(start_ns: int, token_times_ns: list[int]) -> TokenTiming:
     ttft = (token_times_ns[0] - start_ns) * NS
     if len(token_times_ns) < 2:
         return TokenTiming(ttft, None, None, None, None, None)
-    gaps = sorted(b - a for a, b in zip(token_times_ns, token_times_ns[1:], strict=False))
+    gaps = sorted(b - a for a, b in itertools.pairwise(token_times_ns))
     tpot = (token_times_ns[-1] - token_times_ns[0]) * NS / (len(token_times_ns) - 1)
     return TokenTiming(
         ttft_s=ttft,

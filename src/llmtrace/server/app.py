@@ -42,30 +42,17 @@ def _chat_prompt(messages: list[dict[str, Any]]) -> str:
     return "".join(f"{m.get('role', 'user')}: {m.get('content', '')}\n" for m in messages) + "assistant:"
 
 
-def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
-    """Build the FastAPI app; the engine process starts with the app and stops with it."""
-    from fastapi import FastAPI, HTTPException
-    from fastapi.responses import JSONResponse, StreamingResponse
+class CompletionService:
+    """Tokenize, open the request, hand it to the engine, stream or collect the answer."""
 
-    from llmtrace.server.tiny_model import train_tokenizer
+    def __init__(self, tokenizer: Any, client: EngineClient) -> None:
+        self.tokenizer = tokenizer
+        self.client = client
 
-    tokenizer = train_tokenizer(cache_dir=TOKENIZER_CACHE)
-    config = EngineConfig(vocab_size=len(tokenizer), eos_token_id=int(tokenizer.eos_token_id),
-                          instrument_options=_instrument_options(), **(engine_overrides or {}))
-    client = EngineClient(config)
+    async def run(self, body: dict[str, Any], prompt: Any, chat: bool) -> Any:
+        from fastapi import HTTPException
+        from fastapi.responses import JSONResponse, StreamingResponse
 
-    @asynccontextmanager
-    async def lifespan(app: Any) -> AsyncIterator[None]:
-        import asyncio
-
-        await asyncio.to_thread(client.start)
-        yield
-        await asyncio.to_thread(client.stop)
-
-    app = FastAPI(title="llmtrace reference server", lifespan=lifespan)
-    app.state.engine = client
-
-    async def run(body: dict[str, Any], prompt: str, chat: bool) -> Any:
         import llmtrace
 
         if not isinstance(prompt, str) or not prompt:
@@ -79,17 +66,17 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
                                         prompt=prompt)
         with handle.activate():
             start = monotonic_ns()
-            prompt_ids = tokenizer.encode(prompt)
+            prompt_ids = self.tokenizer.encode(prompt)
             handle.tokenized(len(prompt_ids), start, monotonic_ns())
         try:
-            outputs = client.submit({"request_id": request_id, "prompt_ids": prompt_ids, "max_tokens": max_tokens,
-                                     "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                                     "carrier": handle.carrier()})
+            outputs = self.client.submit({"request_id": request_id, "prompt_ids": prompt_ids,
+                                          "max_tokens": max_tokens, "temperature": body.get("temperature"),
+                                          "top_p": body.get("top_p"), "carrier": handle.carrier()})
         except RuntimeError as exc:
             handle.aborted(exc)
             raise HTTPException(503, str(exc)) from exc
         handle.handed_to_engine()
-        events = _events(handle, outputs, client, tokenizer, request_id, chat)
+        events = _events(handle, outputs, self.client, self.tokenizer, request_id)
         if stream:
             return StreamingResponse(_sse(events), media_type="text/event-stream")
         text, reason, count = "", "stop", 0
@@ -101,13 +88,38 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
             raise HTTPException(500, "engine error")
         return JSONResponse(_completion_body(request_id, text, reason, len(prompt_ids), count, chat))
 
+
+def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
+    """Build the FastAPI app; the engine process starts with the app and stops with it."""
+    from fastapi import FastAPI, HTTPException
+    from fastapi.responses import JSONResponse
+
+    from llmtrace.server.tiny_model import train_tokenizer
+
+    tokenizer = train_tokenizer(cache_dir=TOKENIZER_CACHE)
+    config = EngineConfig(vocab_size=len(tokenizer), eos_token_id=int(tokenizer.eos_token_id),
+                          instrument_options=_instrument_options(), **(engine_overrides or {}))
+    client = EngineClient(config)
+    service = CompletionService(tokenizer, client)
+
+    @asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        import asyncio
+
+        await asyncio.to_thread(client.start)
+        yield
+        await asyncio.to_thread(client.stop)
+
+    app = FastAPI(title="llmtrace reference server", lifespan=lifespan)
+    app.state.engine = client
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
         body = await request.json()
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             prompt = prompt[0]
-        return await run(body, prompt, chat=False)
+        return await service.run(body, prompt, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
@@ -115,7 +127,7 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HTTPException(400, "messages must be a non-empty list")
-        return await run(body, _chat_prompt(messages), chat=True)
+        return await service.run(body, _chat_prompt(messages), chat=True)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -134,8 +146,8 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
     return app
 
 
-async def _events(handle: Any, outputs: Any, client: EngineClient, tokenizer: Any, request_id: str,
-                  chat: bool) -> AsyncIterator[tuple[str, str | None]]:
+async def _events(handle: Any, outputs: Any, client: EngineClient, tokenizer: Any,
+                  request_id: str) -> AsyncIterator[tuple[str, str | None]]:
     """(text piece, finish reason or None) as the engine produces tokens; ends the request span."""
     finished = False
     count = 0

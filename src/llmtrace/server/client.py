@@ -56,7 +56,8 @@ class EngineClient:
                 break
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise RuntimeError(f"reference engine exited during start-up (code {self.process.exitcode})")
+                    raise RuntimeError(
+                        f"reference engine exited during start-up (code {self.process.exitcode})") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError("reference engine did not start in time") from None
         if kind != "ready":
