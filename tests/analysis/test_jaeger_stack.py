@@ -48,9 +48,7 @@ def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack:
         assert traces <= 4  # the limit is honoured, so splitting is really exercised
     finally:
         client.close()
-    loaded = load_spans(
-        otel_stack.jaeger_query_url, services=[service], since_ns=since, until_ns=until, limit=4
-    )
+    loaded = load_spans(otel_stack.jaeger_query_url, services=[service], since_ns=since, until_ns=until, limit=4)
     got = to_json(analyze(build_traceset(loaded.spans)))
 
     expected_spans = sum(len(d["resourceSpans"][0]["scopeSpans"][0]["spans"]) for d in docs)
@@ -58,11 +56,7 @@ def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack:
     from llmtrace.analysis.sources.otlp import Interner
 
     intern, stats = Interner(), ReadStats()
-    original = [
-        s
-        for d in docs
-        for s in spans_from_document(d, source="sim", position="-", intern=intern, stats=stats)
-    ]
+    original = [s for d in docs for s in spans_from_document(d, source="sim", position="-", intern=intern, stats=stats)]
     want = to_json(analyze(build_traceset(original)))
     assert expected_spans == got["source"]["spans"]
     assert want["requests"]["count"] == got["requests"]["count"]
@@ -70,3 +64,9 @@ def test_traces_read_back_from_real_jaeger_analyse_like_the_original(otel_stack:
         k: round(v["share"], 6) for k, v in got["critical_path"].items()
     }
     assert round(want["gpu_idle"]["dp0"]["ratio"], 6) == round(got["gpu_idle"]["dp0"]["ratio"], 6)
+
+    # The legacy /api/traces (Jaeger JSON model, µs resolution) reads the same traces.
+    legacy = load_spans(otel_stack.jaeger_query_url, services=[service], since_ns=since, until_ns=until, api="legacy")
+    legacy_summary = to_json(analyze(build_traceset(legacy.spans)))
+    assert expected_spans == legacy_summary["source"]["spans"]
+    assert want["requests"]["count"] == legacy_summary["requests"]["count"]
