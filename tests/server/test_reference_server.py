@@ -128,3 +128,16 @@ def test_engine_clock_offset_does_not_misplace_spans(tmp_path: Path) -> None:
             assert child.end_ns <= request.end_ns + slack_ns
             checked += child.resource.get(semconv.LLMTRACE_PROCESS_ROLE) == "engine"
     assert checked >= 9  # queue, prefill and decode of each of the 3 requests
+
+
+def test_engine_process_dying_fails_open_requests_cleanly(tmp_path: Path) -> None:
+    """Killing the engine mid-stream: every stream ends with finish_reason "error", each request
+    span ends as error, /health reports 503 and new requests get 503 — nothing hangs."""
+    run = load_run("ref_server_engine_dies.py", tmp_path / "dies.jsonl")
+    assert [["error"], ["error"], ["error"]] == run.result["finishes"]
+    assert 503 == run.result["health"]
+    assert 503 == run.result["after_status"]
+    requests = run.named(semconv.SPAN_REQUEST)
+    ended = [r for r in requests if r.attr(semconv.LLM_REQUEST_FINISH_REASON) == semconv.FINISH_ERROR]
+    assert 4 == len(ended)  # the three streams and the request refused after the death
+    assert all("ERROR" == r.status.name for r in ended)
