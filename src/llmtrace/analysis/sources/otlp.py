@@ -192,13 +192,25 @@ def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], inte
         kind,
         code,
         _attributes(sp.get("attributes"), intern),
-        tuple(_link(ln, strings) for ln in links) if links else (),
+        _links(links, strings) if links else (),
         service,
         resource,
     )
 
 
 _new_tuple = tuple.__new__
+
+
+def _links(links: list[Mapping[str, Any]], strings: dict[str, str]) -> tuple[Link, ...]:
+    # A vLLM step links every request in its batch (up to 128): this loop is hot for engine
+    # traces, so the common all-hex case is one comprehension without a call per link.
+    sd = strings.setdefault
+    try:
+        if all(len(ln["traceId"]) == 32 and len(ln["spanId"]) == 16 for ln in links):
+            return tuple([_new_tuple(Link, (sd(ln["traceId"], ln["traceId"]), ln["spanId"])) for ln in links])
+    except TypeError:
+        pass
+    return tuple(_link(ln, strings) for ln in links)
 
 
 def _link(ln: Mapping[str, Any], strings: dict[str, str]) -> Link:
