@@ -51,9 +51,7 @@ class RecordedBackend:
     ``("gpu", index)`` or ``("mig", index, slot)``."""
 
     def __init__(self, recording: dict[str, Any] | None = None, init_error: NvmlUnavailable | None = None):
-        self.recording: dict[str, Any] = copy.deepcopy(
-            recording if recording is not None else load_recording()
-        )
+        self.recording: dict[str, Any] = copy.deepcopy(recording if recording is not None else load_recording())
         self.devices: list[dict[str, Any]] = self.recording["devices"]
         self.init_error = init_error
         self.calls: Counter[tuple[Any, str]] = Counter()

@@ -71,9 +71,7 @@ SCRIPT = textwrap.dedent(
 
 def _run(restart: bool) -> dict[str, Any]:
     code = SCRIPT.format(here=str(HERE), restart=restart)
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

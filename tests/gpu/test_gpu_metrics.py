@@ -51,9 +51,7 @@ class _CountingBackend(RecordedBackend):
 
 
 def _running(backend: RecordedBackend, visible: str = "0,1") -> GpuSampler:
-    sampler = GpuSampler(
-        0.1, backend=backend, environ={"CUDA_VISIBLE_DEVICES": visible}, clock=time.monotonic_ns
-    )
+    sampler = GpuSampler(0.1, backend=backend, environ={"CUDA_VISIBLE_DEVICES": visible}, clock=time.monotonic_ns)
     assert sampler.open()
     sampler._state = SamplerState.RUNNING  # passes driven by the test
     sampler.sample_once()

@@ -191,6 +191,20 @@ def test_energy_is_the_counter_delta_interpolated_between_samples() -> None:
     assert sampler.status().energy_source["0"] == "counter"
 
 
+def test_group_energy_sums_device_counters_and_survives_a_lost_device() -> None:
+    """Two devices: energy_j is the sum of both counter deltas; after device 1 is lost the
+    total keeps only device 0's increments and never goes backwards."""
+    backend = RecordedBackend()
+    sampler, clock = _sampler(backend, visible="0,1")
+    t = _passes(sampler, clock, 10)
+    backend.lost.add(1)
+    t += _passes(sampler, clock, 10)
+    e0, e1 = _recorded(0, "energy_mj", range(20)), _recorded(1, "energy_mj", range(20))
+    assert pytest.approx((e0[8] - e0[2] + e1[8] - e1[2]) / 1000) == sampler.energy_j(t[2], t[8])
+    assert pytest.approx((e0[8] - e0[2]) / 1000) == sampler.energy_j(t[2], t[8], device_indices=[0])
+    assert pytest.approx((e0[15] - e0[5] + e1[9] - e1[5]) / 1000) == sampler.energy_j(t[5], t[15])
+
+
 def test_energy_falls_back_to_power_integration_without_a_counter() -> None:
     """A device without the energy counter integrates power (trapezoid) instead."""
     backend = RecordedBackend()

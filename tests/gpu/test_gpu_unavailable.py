@@ -104,7 +104,5 @@ def test_required_gpu_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """instrument(gpu='on') -> required=True: the missing GPU is a warning."""
     backend = RecordedBackend(inventory(["GPU-aa"]))
     with caplog.at_level(logging.INFO, logger="llmtrace.gpu"):
-        GpuSampler(
-            backend=backend, environ={"CUDA_VISIBLE_DEVICES": ""}, unavailable_log_level=logging.WARNING
-        ).open()
+        GpuSampler(backend=backend, environ={"CUDA_VISIBLE_DEVICES": ""}, unavailable_log_level=logging.WARNING).open()
     assert [r.levelno for r in caplog.records] == [logging.WARNING]

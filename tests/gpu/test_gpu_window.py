@@ -4,33 +4,51 @@ from __future__ import annotations
 
 import random
 
-from llmtrace.gpu._window import Column, Series, Timeline
+from llmtrace.gpu._window import Series, Timeline
 
 
-def test_column_mean_and_max_match_brute_force_over_every_retained_window() -> None:
-    """mean(a..b) and max(a..b) equal a direct computation for all windows still held,
-    after the ring has wrapped several times."""
+def test_window_mean_and_max_match_brute_force_over_every_retained_window() -> None:
+    """mean(a..b) and max(a..b) of each quantity equal a direct computation for all
+    windows still held, after the ring has wrapped several times."""
     rng = random.Random(7)
     cap = 16
-    col = Column(cap)
-    values = [rng.uniform(0, 100) for _ in range(5 * cap + 3)]
-    for i, v in enumerate(values):
-        col.append(i, v, v)
-    last = len(values) - 1
+    series = Series(cap)
+    rows = [{"x": rng.uniform(0, 100), "y": rng.uniform(-5, 5)} for _ in range(5 * cap + 3)]
+    for i, row in enumerate(rows):
+        series.append(i, row)
+    last = len(rows) - 1
     for a in range(last - cap + 1, last + 1):
         for b in range(a, last + 1):
-            window = values[a : b + 1]
-            assert abs(sum(window) / len(window) - col.mean(a, b)) < 1e-9
-            assert max(window) == col.max(a, b)
+            out: dict[str, float | int | str] = {}
+            series.aggregate(a, b, out)
+            for key in ("x", "y"):
+                window = [r[key] for r in rows[a : b + 1]]
+                assert abs(sum(window) / len(window) - float(out[key + ".mean"])) < 1e-9
+                assert max(window) == out[key + ".max"]
 
 
-def test_column_keeps_separate_mean_and_max_inputs() -> None:
-    """A group column averages one input and takes the maximum of the other."""
-    col = Column(8)
-    col.append(0, 10.0, 30.0)
-    col.append(1, 20.0, 25.0)
-    assert col.mean(0, 1) == 15.0
-    assert col.max(0, 1) == 30.0
+def test_group_series_keeps_separate_mean_and_max_inputs() -> None:
+    """A group series averages one input and takes the maximum of the other."""
+    series = Series(8)
+    series.append(0, {"u": 10.0}, {"u": 30.0})
+    series.append(1, {"u": 20.0}, {"u": 25.0})
+    out: dict[str, float | int | str] = {}
+    series.aggregate(0, 1, out)
+    assert {"u.mean": 15.0, "u.max": 30.0} == out
+
+
+def test_missing_quantity_repeats_and_a_new_one_restarts_history() -> None:
+    """A quantity absent from one sample carries its last value; a quantity never seen
+    before restarts the series so no window mixes samples with and without it."""
+    series = Series(8)
+    series.append(0, {"u": 1.0})
+    series.append(1, {})
+    out: dict[str, float | int | str] = {}
+    series.point(1, out)
+    assert {"u": 1.0} == out
+    series.append(2, {"u": 2.0, "p": 5.0})
+    assert ("u", "p") == series.keys
+    assert (0, 0) == series.timeline.window(0, 10)
 
 
 def test_timeline_window_and_nearest() -> None:

@@ -81,7 +81,7 @@ def announce(reason: Unavailable, detail: str, level: int) -> None:
 class DeviceState:
     __slots__ = (
         "device", "energy_base", "energy_j", "energy_source", "failures", "last_t_ns", "logged", "lost",
-        "series", "unsupported", "values",
+        "prev_energy_j", "series", "unsupported", "values",
     )  # fmt: skip
 
     def __init__(self, device: GpuDevice, capacity: int) -> None:
@@ -95,6 +95,7 @@ class DeviceState:
         self.energy_source = ""
         self.energy_base: float | None = None
         self.energy_j = 0.0
+        self.prev_energy_j: float | None = None  # at the previous stored pass (group energy deltas)
         self.last_t_ns = 0
 
 
@@ -166,9 +167,7 @@ def fill(series: Series, start: int, end: int, period: int, out: Attrs) -> bool:
     return True
 
 
-def subset(
-    states: Sequence[DeviceState], start: int, end: int, period: int, *, indices: Sequence[int]
-) -> Attrs:
+def subset(states: Sequence[DeviceState], start: int, end: int, period: int, *, indices: Sequence[int]) -> Attrs:
     """Combine per-device answers: sums for memory/power, mean and max otherwise.
 
     A group's ``.max`` of an additive quantity is the sum of per-device maxima here

@@ -1,78 +1,34 @@
-"""Ring-buffered time series with O(1) window mean and max.
+"""Ring-buffered per-device history with O(1) window mean and max for every quantity.
 
-A span asks "mean and max of X between t0 and t1". Scanning the samples costs O(window)
-per span, and a request span can cover hundreds of samples; the budget is ~3 µs per span.
-So each series keeps, per sample index ``i`` (absolute, counting from the first pass):
+A span asks "mean and max of each GPU quantity between t0 and t1". Scanning the samples
+costs O(window) per span (a request span covers hundreds), and the budget is ~3 µs per
+span. So a series keeps, for each absolute sample index ``i`` and each quantity:
 
-* a running sum ``S[i]``, so ``mean(a..b) = (S[b] - S[a] + v[a]) / (b - a + 1)``;
-* a sparse table ``M[k][i] = max(v[i - 2^k + 1 .. i])``, so
-  ``max(a..b) = max(M[k][b], M[k][a + 2^k - 1])`` with ``2^k <= b - a + 1``.
+* running sums: ``S[i]`` (through ``i``) and ``X[i] = S[i] - v[i]`` (before ``i``), so
+  ``mean(a..b) = (S[b] - X[a]) / (b - a + 1)``;
+* a sparse table ``M[k][i] = max(v[i - 2^k + 1 .. i])``, so with ``2^k <= b - a + 1``:
+  ``max(a..b) = max(M[k][b], M[k][a + 2^k - 1])``.
 
-Both are filled incrementally on append (``log2(capacity)`` operations, in the sampler
-thread). Storage is ``array('d')`` rings of ``capacity`` entries, indexed ``i % capacity``:
-an entry of ``M[k]`` only covers indices at or after its window start, which is still
-retained whenever the query's ``a`` is, so ring reuse never corrupts a valid answer.
+Both are filled on append (``log2(capacity)`` slice operations, in the sampler thread).
+All quantities of one sample sit next to each other in ``array('d')`` rings
+(``Q`` values per slot, slot ``i % capacity``), so a query is a handful of slices and
+C-level ``map``/``zip`` calls whatever the number of quantities. An entry ``M[k][i]`` only
+covers indices at or after its window start, which are retained whenever the query's
+``a`` is, so ring reuse never corrupts a valid answer.
 
-Timestamps live in a plain list (so :func:`bisect.bisect_left` runs in C) that is trimmed
-by half whenever it reaches twice the capacity (amortised O(1)).
+Timestamps live in a plain list (so :func:`bisect.bisect_left` runs in C) trimmed by
+half whenever it reaches twice the capacity (amortised O(1)).
 """
 
 from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from itertools import repeat
+from operator import add, sub, truediv
 
-__all__ = ["Column", "Series", "Timeline"]
-
-
-class Column:
-    """One quantity: a mean column and a max column (equal for a single device)."""
-
-    __slots__ = ("_cap", "_levels", "_max", "_mean", "_sum")
-
-    def __init__(self, capacity: int) -> None:
-        self._cap = capacity
-        self._levels = max(1, capacity.bit_length())
-        zeros = [0.0] * capacity
-        self._mean = array("d", zeros)
-        self._sum = array("d", zeros)
-        self._max = [array("d", zeros) for _ in range(self._levels)]
-
-    def append(self, index: int, mean_value: float, max_value: float) -> None:
-        cap = self._cap
-        slot = index % cap
-        self._mean[slot] = mean_value
-        self._sum[slot] = (self._sum[(index - 1) % cap] if index else 0.0) + mean_value
-        levels = self._max
-        levels[0][slot] = max_value
-        span = 1
-        for k in range(1, self._levels):
-            if index - 2 * span + 1 < 0:
-                break
-            prev = levels[k - 1]
-            left = prev[(index - span) % cap]
-            right = prev[slot]
-            levels[k][slot] = left if left > right else right
-            span *= 2
-
-    def mean(self, a: int, b: int) -> float:
-        cap = self._cap
-        return (self._sum[b % cap] - self._sum[a % cap] + self._mean[a % cap]) / (b - a + 1)
-
-    def max(self, a: int, b: int) -> float:
-        k = (b - a + 1).bit_length() - 1
-        level = self._max[k]
-        cap = self._cap
-        left = level[(a + (1 << k) - 1) % cap]
-        right = level[b % cap]
-        return left if left > right else right
-
-    def value(self, index: int) -> float:
-        return self._mean[index % self._cap]
-
-    def peak(self, index: int) -> float:
-        return self._max[0][index % self._cap]
+__all__ = ["Series", "Timeline"]
 
 
 class Timeline:
@@ -92,7 +48,7 @@ class Timeline:
     @property
     def oldest(self) -> int:
         """Oldest absolute index still held by the rings."""
-        return max(self._base, self.next_index - self._cap)
+        return max(self._base, self._base + len(self._ts) - self._cap)
 
     def append(self, t_ns: int) -> int:
         ts = self._ts
@@ -109,10 +65,11 @@ class Timeline:
     def window(self, start_ns: int, end_ns: int) -> tuple[int, int]:
         """Absolute indices ``(a, b)`` of the samples inside ``[start_ns, end_ns]``; ``b < a`` if none."""
         ts = self._ts
-        a = self._base + bisect_left(ts, start_ns)
-        b = self._base + bisect_right(ts, end_ns) - 1
-        oldest = self.oldest
-        return (a if a > oldest else oldest), b
+        base = self._base
+        a = base + bisect_left(ts, start_ns)
+        b = base + bisect_right(ts, end_ns) - 1
+        oldest = base + len(ts) - self._cap
+        return (a if a > oldest else max(oldest, base)), b
 
     def nearest(self, t_ns: int) -> int:
         """Absolute index of the retained sample closest to ``t_ns``; -1 when empty."""
@@ -135,89 +92,128 @@ class Timeline:
         return self.next_index - self.oldest
 
 
-class _Slot:
-    """A column plus the absolute index of its first sample and its precomputed keys."""
-
-    __slots__ = ("col", "first", "key", "max_key", "mean_key")
-
-    def __init__(self, key: str, first: int, capacity: int) -> None:
-        self.key = key
-        self.mean_key = key + ".mean"
-        self.max_key = key + ".max"
-        self.first = first
-        self.col = Column(capacity)
-
-
 class Series:
-    """Per-device (or per-device-group) history: one timeline, one column per span quantity,
-    and the cumulative energy in joules for interpolation."""
+    """History of one device (or one device group): a timeline, the windowed quantities
+    (fixed by the first append; a new quantity later restarts the history), the latest
+    memory limit and power, and the cumulative energy in joules for interpolation."""
 
-    __slots__ = ("_cap", "_energy", "_energy_first", "_slots", "last_power_w", "limit", "timeline")
+    __slots__ = (
+        "_cap", "_energy", "_energy_first", "_keys", "_last", "_levels", "_max", "_max_keys", "_mean_keys",
+        "_q", "_sum", "_sumx", "_val", "last_power_w", "limit", "timeline",
+    )  # fmt: skip
 
     def __init__(self, capacity: int) -> None:
         self._cap = capacity
-        self.timeline = Timeline(capacity)
-        self._slots: dict[str, _Slot] = {}
-        self._energy = array("d", [0.0] * capacity)
-        self._energy_first = -1
+        self._levels = max(1, capacity.bit_length())
         self.limit: float | None = None
         self.last_power_w: float | None = None
+        self._reset(())
+
+    def _reset(self, keys: tuple[str, ...]) -> None:
+        cap, q = self._cap, len(keys)
+        self.timeline = Timeline(cap)
+        self._keys = keys
+        self._mean_keys = tuple(k + ".mean" for k in keys)
+        self._max_keys = tuple(k + ".max" for k in keys)
+        self._q = q
+        zeros = array("d", bytes(8 * cap * q))
+        self._val = array("d", zeros)
+        self._sum = array("d", zeros)
+        self._sumx = array("d", zeros)
+        self._max = [array("d", zeros) for _ in range(self._levels)] if q else []
+        self._last: list[float] = [0.0] * q
+        self._energy = array("d", bytes(8 * cap))
+        self._energy_first = -1
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self._keys
 
     def append(
         self,
         t_ns: int,
         means: Mapping[str, float],
-        maxes: Mapping[str, float],
+        maxes: Mapping[str, float] | None = None,
         energy_j: float | None = None,
     ) -> None:
+        """One sample. A quantity missing from ``means`` repeats its last value."""
+        if any(k not in self._keys for k in means):
+            self._reset(self._keys + tuple(k for k in means if k not in self._keys))
+        keys, last = self._keys, self._last
+        row = [means.get(k, last[i]) for i, k in enumerate(keys)]
+        self._last = row
         index = self.timeline.append(t_ns)
-        slots = self._slots
-        for key, mean_value in means.items():
-            slot = slots.get(key)
-            if slot is None:
-                slot = slots[key] = _Slot(key, index, self._cap)
-            slot.col.append(index, mean_value, maxes.get(key, mean_value))
         if energy_j is not None:
             if self._energy_first < 0:
                 self._energy_first = index
             self._energy[index % self._cap] = energy_j
+        if keys:
+            peaks = row if maxes is None else [maxes.get(k, v) for k, v in zip(keys, row, strict=True)]
+            self._store(index, row, peaks)
 
-    def slots(self) -> Iterable[_Slot]:
-        return self._slots.values()
+    def _store(self, index: int, row: list[float], peaks: list[float]) -> None:
+        cap, q = self._cap, self._q
+        base = (index % cap) * q
+        end = base + q
+        values = array("d", row)
+        self._val[base:end] = values
+        if index:
+            prev = ((index - 1) % cap) * q
+            self._sumx[base:end] = self._sum[prev : prev + q]
+            self._sum[base:end] = array("d", map(add, self._sum[prev : prev + q], values))
+        else:
+            self._sumx[base:end] = array("d", bytes(8 * q))
+            self._sum[base:end] = values
+        levels = self._max
+        levels[0][base:end] = array("d", peaks)
+        span = 1
+        for k in range(1, self._levels):
+            if index - 2 * span + 1 < 0:
+                break
+            below = levels[k - 1]
+            left = ((index - span) % cap) * q
+            levels[k][base:end] = array("d", map(max, below[left : left + q], below[base:end]))
+            span *= 2
 
     def aggregate(self, a: int, b: int, out: dict[str, float | int | str]) -> None:
-        """``<key>.mean`` / ``<key>.max`` over absolute indices ``a..b`` (both inside the ring)."""
-        for slot in self._slots.values():
-            lo = a if a >= slot.first else slot.first
-            if lo <= b:
-                out[slot.mean_key] = slot.col.mean(lo, b)
-                out[slot.max_key] = slot.col.max(lo, b)
+        """``<key>.mean`` / ``<key>.max`` over absolute indices ``a..b`` (both retained)."""
+        q, cap = self._q, self._cap
+        if not q:
+            return
+        n = b - a + 1
+        k = n.bit_length() - 1
+        level = self._max[k]
+        i = ((a + (1 << k) - 1) % cap) * q
+        j = (b % cap) * q
+        ia = (a % cap) * q
+        out.update(zip(self._max_keys, map(max, level[i : i + q], level[j : j + q]), strict=True))
+        sums = map(sub, self._sum[j : j + q], self._sumx[ia : ia + q])
+        out.update(zip(self._mean_keys, map(truediv, sums, repeat(n)), strict=False))  # repeat() is endless
 
     def point(self, index: int, out: dict[str, float | int | str]) -> None:
         """Plain keys: the values of sample ``index`` (the across-device mean for a group)."""
-        for slot in self._slots.values():
-            if index >= slot.first:
-                out[slot.key] = slot.col.value(index)
+        q = self._q
+        base = (index % self._cap) * q
+        out.update(zip(self._keys, self._val[base : base + q], strict=True))
 
     def energy_at(self, t_ns: int, max_extrapolate_ns: int) -> float | None:
         """Cumulative energy (J) at ``t_ns``: interpolated between samples; extrapolated from
         the last power reading for at most ``max_extrapolate_ns`` past the newest sample."""
+        first = self._energy_first
+        if first < 0:
+            return None
         tl = self.timeline
-        if self._energy_first < 0 or len(tl) == 0:
+        ts, base, cap = tl._ts, tl._base, self._cap
+        lo = max(first, base, base + len(ts) - cap) - base  # oldest position holding energy
+        if lo >= len(ts) or t_ns < ts[lo]:
             return None
-        lo = max(tl.oldest, self._energy_first)
-        last = tl.next_index - 1
-        if lo > last or t_ns < tl.time(lo):
-            return None
-        cap = self._cap
         energy = self._energy
-        i = tl.at_or_before(t_ns)
-        if i >= last:
-            over = t_ns - tl.time(last)
+        pos = bisect_right(ts, t_ns) - 1
+        if pos >= len(ts) - 1:
+            over = t_ns - ts[-1]
             if over > max_extrapolate_ns:
                 return None
-            power = self.last_power_w or 0.0
-            return energy[last % cap] + power * over / 1e9
-        t0, t1 = tl.time(i), tl.time(i + 1)
-        e0, e1 = energy[i % cap], energy[(i + 1) % cap]
+            return energy[(base + len(ts) - 1) % cap] + (self.last_power_w or 0.0) * over / 1e9
+        t0, t1 = ts[pos], ts[pos + 1]
+        e0, e1 = energy[(base + pos) % cap], energy[(base + pos + 1) % cap]
         return e0 + (e1 - e0) * (t_ns - t0) / (t1 - t0) if t1 > t0 else e1

@@ -50,7 +50,7 @@ def _cuda_torch() -> Any | None:
         return None
     try:
         return torch if torch.cuda.is_initialized() else None
-    except Exception:  # a half-imported or CPU-only torch
+    except Exception:  # noqa: BLE001 - a half-imported or CPU-only torch
         return None
 
 
@@ -132,7 +132,7 @@ class ForwardTimer:
             event = self._event(torch)
             event.record()
             return ForwardToken(key, event, device, anchor)
-        except Exception:  # telemetry never raises into the forward
+        except Exception:  # noqa: BLE001 - telemetry never raises into the forward
             _log.debug("ForwardTimer.begin failed", exc_info=True)
             return None
 
@@ -147,7 +147,7 @@ class ForwardTimer:
             event = self._event(torch)
             event.record()
             token.end_event = event
-        except Exception:
+        except Exception:  # noqa: BLE001 - telemetry never raises into the host
             _log.debug("ForwardTimer.end failed", exc_info=True)
             return
         with self._lock:
@@ -173,7 +173,7 @@ class ForwardTimer:
                     waiting.append(token)
                     continue
                 done.append(_timing(token))
-            except Exception:  # an event from a context that no longer exists
+            except Exception:  # noqa: BLE001 - an event from a context that no longer exists
                 _log.debug("ForwardTimer.resolve_ready dropped a forward", exc_info=True)
                 continue
             if len(self._pool) < _POOL_MAX:
@@ -189,9 +189,13 @@ def _timing(token: ForwardToken) -> ForwardTiming:
     start_ns = end_ns = None
     anchor = token.anchor
     if anchor is not None:
-        offset_ms = float(anchor.event.elapsed_time(token.start_event))
-        start_ns = anchor.host_ns + int(offset_ms * 1e6)
-        end_ns = start_ns + int(elapsed_ms * 1e6)
+        try:  # an anchor on another stream may not have run yet: then no absolute times
+            offset_ms = float(anchor.event.elapsed_time(token.start_event))
+        except Exception:  # noqa: BLE001 - telemetry never raises into the host
+            offset_ms = None
+        if offset_ms is not None:
+            start_ns = anchor.host_ns + int(offset_ms * 1e6)
+            end_ns = start_ns + int(elapsed_ms * 1e6)
     return ForwardTiming(token.key, token.device, elapsed_ms / 1e3, start_ns, end_ns)
 
 
@@ -213,6 +217,6 @@ def torch_memory_attributes(device: int | None = None) -> dict[str, int]:
             LLM_TORCH_MEMORY_RESERVED: int(cuda.memory_reserved(dev)),
             LLM_TORCH_MEMORY_PEAK: int(cuda.max_memory_allocated(dev)),
         }
-    except Exception:
+    except Exception:  # noqa: BLE001 - telemetry never raises into the host
         _log.debug("torch_memory_attributes failed", exc_info=True)
         return {}

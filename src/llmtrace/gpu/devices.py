@@ -111,7 +111,7 @@ def _inventory(backend: NvmlBackend, with_mig: bool) -> list[_Known]:
         for slot, mig in enumerate(backend.mig_handles(handle)):
             try:
                 ids = backend.mig_ids(mig)
-            except Exception:  # a MIG slot we cannot name is still addressable by UUID
+            except Exception:  # noqa: BLE001 - a MIG slot we cannot name is still addressable by UUID
                 ids = None
             known.append(_Known(index, f"{index}:mig{slot}", backend.uuid(mig), name, mig, True, ids, uuid))
     return known
@@ -133,9 +133,7 @@ def _match_legacy_mig(entry: str, known: Sequence[_Known]) -> _Known | None:
     if len(parts) != 3:
         return None
     gpu_uuid, gi, ci = parts[0].lower(), _strtoul(parts[1]), _strtoul(parts[2])
-    hits = [
-        k for k in known if k.is_mig and k.parent_uuid.lower().startswith(gpu_uuid) and k.mig_ids == (gi, ci)
-    ]
+    hits = [k for k in known if k.is_mig and k.parent_uuid.lower().startswith(gpu_uuid) and k.mig_ids == (gi, ci)]
     return hits[0] if len(hits) == 1 else None
 
 
@@ -143,10 +141,7 @@ def _resolve_entries(entries: Sequence[int | str], known: Sequence[_Known]) -> l
     gpus = [k for k in known if not k.is_mig]
     chosen: list[_Known] = []
     for entry in entries:
-        if isinstance(entry, int):
-            hit = gpus[entry] if entry < len(gpus) else None
-        else:
-            hit = _match_uuid(entry, known)
+        hit = (gpus[entry] if entry < len(gpus) else None) if isinstance(entry, int) else _match_uuid(entry, known)
         if hit is None:
             break  # CUDA: the first invalid entry ends the list
         if hit in chosen:
@@ -183,9 +178,7 @@ def resolve_devices(
     """
     env = os.environ if environ is None else environ
     entries = None if selection == "all" else parse_cuda_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
-    with_mig = entries is not None and any(
-        isinstance(e, str) and e.upper().startswith(_MIG_PREFIX) for e in entries
-    )
+    with_mig = entries is not None and any(isinstance(e, str) and e.upper().startswith(_MIG_PREFIX) for e in entries)
     known = _inventory(backend, with_mig)
     chosen = [k for k in known if not k.is_mig] if entries is None else _resolve_entries(entries, known)
     devices = [

@@ -45,20 +45,22 @@ HTTP_PORT = 4318
 
 
 def probe_queries(backend: NvmlBackend, handle: object) -> dict[str, dict[str, Any]]:
-    """Run every sampler query once: ``{"status": "ok"|"not supported"|"error", "us": ..., ...}``."""
+    """Run every sampler query once: ``{"status": "ok"|"not supported"|"error", "us": wall µs,
+    "cpu_us": this thread's CPU µs, "values": {...}}``."""
     out: dict[str, dict[str, Any]] = {}
     for query in QUERIES:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             values = query.read(backend, handle)
             out[query.name] = {
                 "status": "ok",
                 "us": round((time.perf_counter() - t0) * 1e6, 1),
+                "cpu_us": round((time.thread_time() - c0) * 1e6, 1),
                 "values": values,
             }
         except QueryNotSupported:
             out[query.name] = {"status": "not supported"}
-        except Exception as exc:  # the doctor reports every failure, it never raises one
+        except Exception as exc:  # noqa: BLE001 - the doctor reports every failure, it never raises one
             out[query.name] = {"status": "error", "error": f"{type(exc).__name__}: {exc}"}
     return out
 
@@ -78,9 +80,7 @@ def _nvml_section(backend: NvmlBackend, environ: Mapping[str, str]) -> dict[str,
         section["driver_version"] = backend.driver_version()
         for index in range(backend.device_count()):
             handle = backend.handle_by_index(index)
-            section["gpus"].append(
-                {"index": index, "uuid": backend.uuid(handle), "name": backend.name(handle)}
-            )
+            section["gpus"].append({"index": index, "uuid": backend.uuid(handle), "name": backend.name(handle)})
         for dev in resolve_devices(backend, "visible", environ):
             section["mapped"].append(
                 {
@@ -99,7 +99,7 @@ def _nvml_section(backend: NvmlBackend, environ: Mapping[str, str]) -> dict[str,
                 "reason": "no_visible_device",
                 "detail": "CUDA_VISIBLE_DEVICES hides them all",
             }
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
         section["error"] = f"{type(exc).__name__}: {exc}"
     finally:
         backend.shutdown()
@@ -110,9 +110,7 @@ def resolve_endpoint(endpoint: str | None, environ: Mapping[str, str]) -> tuple[
     """(as given, host, port) of the OTLP endpoint: argument, ``LLMTRACE_ENDPOINT``,
     ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, ``OTEL_EXPORTER_OTLP_ENDPOINT``, else localhost
     on the protocol's default port (4317 gRPC, 4318 HTTP)."""
-    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", ""
-    )
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")
     default_port = HTTP_PORT if protocol.startswith("http") else GRPC_PORT
     raw = (
         endpoint
@@ -185,7 +183,8 @@ def _render_nvml(nvml: Mapping[str, Any]) -> list[str]:
         mig = " (MIG)" if dev["mig"] else ""
         lines.append(f"  cuda:{dev['cuda_ordinal']} -> hw.gpu.id={dev['hw.gpu.id']}{mig} {dev['uuid']}")
         for name, result in dev["queries"].items():
-            detail = f"{result['us']} µs" if result["status"] == "ok" else result.get("error", "")
+            ok = result["status"] == "ok"
+            detail = f"{result['us']} µs ({result['cpu_us']} µs CPU)" if ok else result.get("error", "")
             lines.append(f"      {name:<18} {result['status']:<14} {detail}")
     if "error" in nvml:
         lines.append(f"NVML error:        {nvml['error']}")

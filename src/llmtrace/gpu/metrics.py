@@ -84,15 +84,13 @@ class _SnapshotReader:
         max_age_ns = max(2.0, STALE_PERIODS * sampler.interval_s) * 1e9
         if time.monotonic_ns() - snapshot.t_ns > max_age_ns:
             return []
-        return [
-            Observation(r.values[key], self._labels(r.device)) for r in snapshot.readings if key in r.values
-        ]
+        return [Observation(r.values[key], self._labels(r.device)) for r in snapshot.readings if key in r.values]
 
     def callback(self, key: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
         def _callback(_options: CallbackOptions) -> Iterable[Observation]:
             try:
                 return self.observe(key)
-            except Exception:  # a metric export never fails because of the GPU
+            except Exception:  # noqa: BLE001 - a metric export never fails because of the GPU
                 return []
 
         return _callback

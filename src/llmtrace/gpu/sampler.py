@@ -138,6 +138,8 @@ class GpuSampler:
         self._fork_locked = False
         self._devices: list[DeviceState] = []
         self._group: Series | None = None
+        self._default: Series | None = None  # what span_attributes() reads without device_indices
+        self._group_energy: float | None = None
         self._ids = ""
         self._history: deque[Snapshot] = deque(maxlen=HISTORY)
         self._passes = 0
@@ -171,22 +173,20 @@ class GpuSampler:
     def open(self) -> bool:
         """Initialise NVML and map the devices, synchronously. True when there is something to sample."""
         with self._nvml_lock:
-            ok = self._open_locked()
-        self._ready.set()
-        return ok
+            return self._open_locked()
 
     def _open_locked(self) -> bool:
         try:
             self._backend.init()
         except NvmlUnavailable as exc:
             return self._set_unavailable(exc.reason, exc.detail)
-        except Exception as exc:  # a broken backend means no GPU telemetry, not a crash
+        except Exception as exc:  # noqa: BLE001 - a broken backend means no GPU telemetry, not a crash
             return self._set_unavailable(Unavailable.NO_GPU, f"NVML init failed: {exc!r}")
         self._nvml_ready = True
         try:
             count = self._backend.device_count()
             found = resolve_devices(self._backend, self._selection, self._environ) if count else []
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             self._release_nvml()
             return self._set_unavailable(Unavailable.NO_GPU, f"listing devices failed: {exc!r}")
         if count == 0:
@@ -203,6 +203,7 @@ class GpuSampler:
         with self._lock:
             self._devices = [DeviceState(d, self._capacity) for d in found]
             self._group = Series(self._capacity) if len(found) > 1 else None
+            self._default = self._group or self._devices[0].series
             self._ids = ",".join(d.device_id for d in found)
         return True
 
@@ -242,9 +243,7 @@ class GpuSampler:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
             if thread.is_alive():
-                _log.warning(
-                    "llmtrace GPU sampler thread did not stop within %.1fs (stuck in NVML?)", timeout
-                )
+                _log.warning("llmtrace GPU sampler thread did not stop within %.1fs (stuck in NVML?)", timeout)
         self._thread = None
         if self._state is not SamplerState.UNAVAILABLE:
             self._state = SamplerState.STOPPED
@@ -266,10 +265,10 @@ class GpuSampler:
         try:
             if not self._nvml_ready and not self.open():
                 return
-            self._ready.set()
             if self._stop_event.is_set():
                 return
             self._state = SamplerState.RUNNING
+            self._ready.set()
             next_t = time.monotonic()
             while not self._stop_event.is_set():
                 self.sample_once()
@@ -280,7 +279,7 @@ class GpuSampler:
                     next_t = time.monotonic()
                     delay = 0.0
                 self._stop_event.wait(delay)
-        except Exception:  # telemetry never kills the host: log and stop sampling
+        except Exception:  # noqa: BLE001 - telemetry never kills the host: log and stop sampling
             _log.exception("llmtrace GPU sampler stopped after an unexpected error")
             self._state = SamplerState.STOPPED
         finally:
@@ -318,7 +317,7 @@ class GpuSampler:
             except DeviceGone as exc:
                 self._mark_lost(state, f"device lost ({exc})")
                 return None
-            except Exception as exc:  # any NVML error must stay in this thread
+            except Exception as exc:  # noqa: BLE001 - any NVML error must stay in this thread
                 failed += 1
                 self._log_once(state, f"{query.name}:{type(exc).__name__}", f"{query.name} failed: {exc}")
         if attempted and failed == attempted:
@@ -331,6 +330,10 @@ class GpuSampler:
 
     def _mark_lost(self, state: DeviceState, why: str) -> None:
         state.lost = True
+        live = [d for d in self._devices if not d.lost]
+        self._ids = ids(live)
+        if not live:
+            self._default = None
         _log.warning(
             "llmtrace GPU %s (%s) %s; its hw.gpu.* attributes are omitted from now on",
             state.device.device_id, state.device.uuid, why,
@@ -346,30 +349,41 @@ class GpuSampler:
         t_ns = snapshot.t_ns
         by_device = {r.device.device_id: r for r in snapshot.readings}
         live: list[DeviceState] = []
+        energy_delta: float | None = None
         for state in self._devices:
             reading = by_device.get(state.device.device_id)
             if reading is None:
                 continue
             state.values.update(reading.values)
             energy = update_energy(state, reading.values, t_ns)
+            if energy is not None:
+                if state.prev_energy_j is not None:
+                    energy_delta = (energy_delta or 0.0) + energy - state.prev_energy_j
+                state.prev_energy_j = energy
             means = {k: state.values[k] for k in SPAN_KEYS if k in state.values}
             series = state.series
-            series.append(t_ns, means, means, energy)
+            series.append(t_ns, means, None, energy)
             series.limit = state.values.get(HW_GPU_MEMORY_LIMIT, series.limit)
             series.last_power_w = state.values.get(HW_GPU_POWER, series.last_power_w)
             live.append(state)
         if self._group is not None and live:
-            self._store_group(t_ns, live)
+            self._store_group(t_ns, live, energy_delta)
         self._history.append(snapshot)
         self._passes += 1
 
-    def _store_group(self, t_ns: int, live: list[DeviceState]) -> None:
+    def _store_group(self, t_ns: int, live: list[DeviceState], energy_delta: float | None) -> None:
+        """The group's own series: per-pass combined values, and its energy as the running
+        sum of the live devices' increments (so a lost device never makes it go backwards)."""
         group = self._group
         assert group is not None
         means, maxes = group_values(live)
-        group.append(t_ns, means, maxes)
+        if energy_delta is not None or self._group_energy is not None:
+            self._group_energy = (self._group_energy or 0.0) + (energy_delta or 0.0)
+        group.append(t_ns, means, maxes, self._group_energy)
         limits = [s.series.limit for s in live if s.series.limit is not None]
         group.limit = sum(limits) if limits else None
+        powers = [s.series.last_power_w for s in live if s.series.last_power_w is not None]
+        group.last_power_w = sum(powers) if powers else None
 
     def _reinit_locked(self) -> bool:
         """Re-open NVML after a fork in the parent; the devices keep their history."""
@@ -378,7 +392,7 @@ class GpuSampler:
             self._backend.init()
             self._nvml_ready = True
             fresh = {d.uuid: d for d in resolve_devices(self._backend, self._selection, self._environ)}
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             _log.warning("llmtrace GPU sampler could not re-open NVML after fork: %r", exc)
             self._state = SamplerState.STOPPED
             return False
@@ -419,15 +433,12 @@ class GpuSampler:
         try:
             with self._lock:
                 if device_indices is not None:
-                    return subset(
-                        self._devices, start_mono_ns, end_mono_ns, self._period_ns, indices=device_indices
-                    )
-                states = [d for d in self._devices if not d.lost]
-                series = self._group if len(self._devices) > 1 else (states[0].series if states else None)
+                    return subset(self._devices, start_mono_ns, end_mono_ns, self._period_ns, indices=device_indices)
+                series = self._default
                 if series is not None and fill(series, start_mono_ns, end_mono_ns, self._period_ns, out):
-                    out[HW_GPU_ID] = self._ids if len(states) == len(self._devices) else ids(states)
+                    out[HW_GPU_ID] = self._ids
                 return out
-        except Exception:  # annotation must never break span export
+        except Exception:  # noqa: BLE001 - annotation must never break span export
             _log.debug("span_attributes failed", exc_info=True)
             return {}
 
@@ -444,8 +455,13 @@ class GpuSampler:
         slack = STALE_PERIODS * self._period_ns
         try:
             with self._lock:
+                series = self._default
+                if device_indices is None and series is not None:
+                    e0 = series.energy_at(start_mono_ns, slack)
+                    e1 = series.energy_at(end_mono_ns, slack)
+                    return None if e0 is None or e1 is None else max(0.0, e1 - e0)
                 return energy_between(self._devices, start_mono_ns, end_mono_ns, slack, device_indices)
-        except Exception:
+        except Exception:  # noqa: BLE001 - telemetry never raises into the host
             _log.debug("energy_j failed", exc_info=True)
             return None
 
@@ -493,7 +509,7 @@ def _after_fork_parent() -> None:
 
 
 def _after_fork_child() -> None:
-    global _SINGLETON_LOCK, _SINGLETON  # noqa: PLW0603 - the process singleton is reset in a forked child
+    global _SINGLETON_LOCK, _SINGLETON
     _SINGLETON_LOCK = threading.Lock()
     for sampler in _live():
         with suppress(Exception):
@@ -531,7 +547,7 @@ def start_sampler(
     Never raises because of the GPU: without one the sampler is returned in state
     ``UNAVAILABLE`` after saying why once.
     """
-    global _SINGLETON  # noqa: PLW0603 - one sampler per process, by design
+    global _SINGLETON
     with _SINGLETON_LOCK:
         current = _SINGLETON
         if current is not None:
