@@ -141,8 +141,14 @@ class _CountingExporter(SpanExporter):
 
     def __init__(self, inner: SpanExporter, drops: DropCounter, pending: list[int], name: str) -> None:
         self._inner, self._drops, self._pending, self._name = inner, drops, pending, name
+        #: Set when llmtrace shuts down past its flush deadline: what is left is dropped and counted.
+        self.closing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self.closing:
+            self._pending[0] -= len(spans)
+            self._drops.add(len(spans))
+            return SpanExportResult.FAILURE
         try:
             result = self._inner.export(spans)
         except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the export thread
@@ -175,9 +181,9 @@ class BoundedSpanProcessor(SpanProcessor):
         self._pending = [0]  # a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
         self._max = max_queue_size
         self._drops = drops
-        counting = _CountingExporter(exporter, drops, self._pending, name)
+        self._counting = _CountingExporter(exporter, drops, self._pending, name)
         self._batch = BatchSpanProcessor(
-            counting,
+            self._counting,
             max_queue_size=max_queue_size,
             max_export_batch_size=min(512, max_queue_size),
             schedule_delay_millis=1000,
@@ -199,7 +205,23 @@ class BoundedSpanProcessor(SpanProcessor):
         self._batch.on_end(span)
 
     def shutdown(self) -> None:
-        self._batch.shutdown()  # type: ignore[no-untyped-call]
+        self.close(30_000)
+
+    def close(self, timeout_millis: int) -> None:
+        """Stop within *timeout_millis*: whatever could not be exported by then is dropped and counted."""
+        self._counting.closing = True
+        # BatchSpanProcessor.shutdown() takes no timeout; its inner processor does.
+        self._batch._batch_processor.shutdown(timeout_millis=max(1, timeout_millis))
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._batch.force_flush(timeout_millis)
+        """Export what is queued, giving up after *timeout_millis*.
+
+        The SDK's own flush ignores its timeout and retries each batch against a dead
+        collector; here it runs on a helper thread and the caller stops waiting on time.
+        """
+        result: list[bool] = []
+        worker = threading.Thread(target=lambda: result.append(self._batch.force_flush(timeout_millis)),
+                                  name="llmtrace-flush", daemon=True)
+        worker.start()
+        worker.join(timeout_millis / 1000)
+        return bool(result and result[0])

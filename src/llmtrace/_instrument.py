@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,12 +152,17 @@ def flush(timeout_s: float = 5.0) -> bool:
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush everything and stop llmtrace's exporters and threads; returns False on timeout."""
     global _providers
-    ok = flush(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    from llmtrace.lifecycle.engine import _ENGINES
+
+    for engine in list(_ENGINES):
+        engine.flush_window()
     uninstrument()
-    BUILDER.stop(timeout_s)
+    ok = BUILDER.flush(timeout_s * 0.5)
+    BUILDER.stop(max(0.01, deadline - time.monotonic()))
     with _lock:
         if _providers is not None:
-            ok = _otel.shutdown(_providers, timeout_s) and ok
+            ok = _otel.shutdown(_providers, max(0.01, deadline - time.monotonic())) and ok
             _providers = None
         _runtime.reset()
     return ok

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,9 +138,51 @@ def resource_for(settings: Settings) -> Resource:
     })
 
 
+class _FirstOnly(logging.Filter):
+    """Lets an OTel exporter logger's first warning through and counts the repeats.
+
+    Against an unreachable collector the OTLP exporters log every retry; llmtrace
+    already says once that spans are being dropped (and counts them).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.suppressed = 0
+        self._seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and not self._seen:
+            self._seen = True
+            return True
+        if record.levelno < logging.WARNING:
+            return True
+        if self._seen:
+            self.suppressed += 1
+            return False
+        self._seen = True
+        return True
+
+
+_EXPORTER_LOGGERS = (
+    "opentelemetry.exporter.otlp.proto.grpc.exporter",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.exporter.otlp.proto.http._common",
+    "opentelemetry.sdk._shared_internal",
+)
+
+
+def _quiet_exporter_retries() -> None:
+    for name in _EXPORTER_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _FirstOnly) for f in logger.filters):
+            logger.addFilter(_FirstOnly())
+
+
 def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     """Build (or join) the tracer and meter providers for *settings*."""
     drops = DropCounter()
+    _quiet_exporter_retries()
     host_tp = _host_provider(trace.get_tracer_provider(), TracerProvider)
     host_mp = _host_provider(metrics.get_meter_provider(), MeterProvider)
     processors: list[SpanProcessor] = []
@@ -181,20 +225,43 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     )
 
 
+def _bounded(work: Any, timeout_s: float) -> bool:
+    """Run *work* on a helper thread and wait at most *timeout_s*: OTel's flushes retry past
+    their own timeouts against a dead collector, and the host's shutdown must not wait for that."""
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(bool(work())), name="llmtrace-flush", daemon=True)
+    worker.start()
+    worker.join(max(0.0, timeout_s))
+    return bool(result and result[0])
+
+
 def flush(providers: Providers, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+
+    def left_ms() -> int:
+        return max(1, int((deadline - time.monotonic()) * 1000))
+
     ok = True
-    millis = max(1, int(timeout_s * 1000))
     for processor in providers.processors:
-        ok = processor.force_flush(millis) and ok
+        ok = processor.force_flush(left_ms()) and ok
     if providers.owns_meter_provider:
-        ok = bool(providers.meter_provider.force_flush(millis)) and ok
+        ok = _bounded(lambda: providers.meter_provider.force_flush(left_ms()), left_ms() / 1000) and ok
     return ok
 
 
 def shutdown(providers: Providers, timeout_s: float) -> bool:
-    ok = flush(providers, timeout_s)
+    """Flush for most of *timeout_s*, then close with what is left; late spans are dropped and counted."""
+    deadline = time.monotonic() + timeout_s
+
+    def left_ms() -> int:
+        return max(1, int((deadline - time.monotonic()) * 1000))
+
+    ok = flush(providers, timeout_s * 0.8)
     for processor in providers.processors:
-        processor.shutdown()
+        if isinstance(processor, BoundedSpanProcessor):
+            processor.close(left_ms())
+        else:
+            processor.shutdown()
     if providers.owns_meter_provider:
-        providers.meter_provider.shutdown(timeout_millis=max(1, int(timeout_s * 1000)))
+        _bounded(lambda: providers.meter_provider.shutdown(timeout_millis=left_ms()) or True, left_ms() / 1000)
     return ok
