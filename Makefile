@@ -8,10 +8,13 @@ PYTHON := $(VENV)/bin/python
 # .ci/run sets this after its own setup so `make test` does not repeat it.
 SETUP := $(if $(LLMTRACE_SETUP_DONE),,setup)
 
-.PHONY: setup test lint demo stack-build stack-up
+.PHONY: setup setup-venv test lint demo stack-build stack-up
 
 setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector from the Go proxy, chromium
 	.ci/run setup
+
+setup-venv:  ## the Python venv only: all the demo needs
+	.ci/run venv
 
 test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to-end tests
 	$(PYTHON) -m pytest -q
@@ -20,7 +23,7 @@ lint: $(SETUP)  ## ruff on src and tests, mypy strict on src
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
 
-demo: $(SETUP)  ## reference server under load, traced, then the analysis
+demo: $(if $(LLMTRACE_SETUP_DONE),,setup-venv)  ## reference server under load, traced, then the analysis
 	$(VENV)/bin/llmtrace demo
 
 # scripts/stack.py needs only the standard library and Go (for the first build): no venv.
