@@ -53,8 +53,8 @@ def start(model: str, *, env: dict[str, str], log_path: Path, extra_args: list[s
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
                "--host", "127.0.0.1", "--served-model-name", "tiny", *(extra_args or [])]
-    log = log_path.open("wb")
-    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with log_path.open("wb") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(process, port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

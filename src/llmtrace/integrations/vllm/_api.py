@@ -1,0 +1,262 @@
+"""API-server side of the vLLM adapter: renders, request records, tokens as the server sees them.
+
+``OutputProcessor.add_request`` opens ``llm.request`` (with the render that produced the
+prompt as ``llm.tokenize``) and writes its W3C context into the request's
+``trace_headers``; ``process_outputs`` counts tokens, reads the engine's summary from
+the outputs' ``trace_headers`` and ends requests; aborts and engine errors end them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from opentelemetry import trace
+
+from llmtrace import semconv
+from llmtrace._safety import guarded
+from llmtrace.integrations.vllm import _constants as C
+from llmtrace.integrations.vllm import extractors as X
+from llmtrace.integrations.vllm._binding import Wrapper, binder
+from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
+from llmtrace.lifecycle.request import RequestHandle, start_request
+
+
+# --------------------------------------------------------------------------- tokenizer nesting
+def _tokenizer_scope() -> contextlib.AbstractContextManager[Any]:
+    """Inside a render/detokenize, the tokenizers/transformers integrations pass through:
+    the request's ``llm.tokenize`` is this adapter's, measured around vLLM's renderer."""
+    try:
+        from llmtrace.integrations._common import tokenizer_call
+    except ImportError:
+        return contextlib.nullcontext()
+    scope: contextlib.AbstractContextManager[Any] = tokenizer_call()
+    return scope
+
+
+# --------------------------------------------------------------------------- API-server side
+class _Renders:
+    """Prompt renders of this process, keyed by the identity of their token-id list.
+
+    The list object a render produces is the one ``EngineCoreRequest.prompt_token_ids``
+    carries, so the request finds its render whatever task or thread it runs in.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, int, int]] = {}
+
+    def add(self, token_ids: Any, start_ns: int, end_ns: int) -> None:
+        if len(self._by_id) >= C.MAX_RENDERS:
+            self._by_id.pop(next(iter(self._by_id)))
+        self._by_id[id(token_ids)] = (token_ids, start_ns, end_ns)
+
+    def pop(self, token_ids: Any) -> tuple[int, int] | None:
+        entry = self._by_id.pop(id(token_ids), None)
+        if entry is None or entry[0] is not token_ids:
+            return None
+        return entry[1], entry[2]
+
+    def clear(self) -> None:
+        self._by_id.clear()
+
+
+RENDERS = _Renders()
+
+
+class _ApiState:
+    """Open request records of this process's OutputProcessors, keyed by vLLM's internal id."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, RequestHandle] = {}
+        self.model: str | None = None
+        #: Set once an engine summary arrived: the engine side is traced, so the API side
+        #: must not approximate queue/prefill/decode itself (the engine's spans are in the trace).
+        self.engine_reports = False
+
+    def reset(self) -> None:
+        self.open.clear()
+        self.engine_reports = False
+        RENDERS.clear()
+
+
+API = _ApiState()
+
+
+@guarded("vllm.render")
+def _note_render(renderer: Any, start_ns: int, end_ns: int, result: Any) -> None:
+    for token_ids in X.rendered_token_lists(result):
+        RENDERS.add(token_ids, start_ns, end_ns)
+    if API.model is None:
+        API.model = X.model_name(getattr(renderer, "config", None))
+
+
+def render_wrapper(is_async: bool) -> Wrapper:
+    if is_async:
+        def wrapper_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            async def run() -> Any:
+                start = monotonic_ns()
+                with _tokenizer_scope():
+                    result = await wrapped(*args, **kwargs)
+                _note_render(instance, start, monotonic_ns(), result)
+                return result
+
+            return run()
+
+        return wrapper_async
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        start = monotonic_ns()
+        with _tokenizer_scope():
+            result = wrapped(*args, **kwargs)
+        _note_render(instance, start, monotonic_ns(), result)
+        return result
+
+    return wrapper
+
+
+def _arrival_ns(request: Any, now: int, render: tuple[int, int] | None) -> int:
+    if render is not None:
+        return render[0]
+    arrival_s = getattr(request, "arrival_time", None)
+    if isinstance(arrival_s, (int, float)) and arrival_s > 0:
+        # Wall time taken in *this* process (the API server; the renderer's start), so converting is sound.
+        mono = to_mono_ns(int(arrival_s * 1e9))
+        if 0 <= now - mono <= C.MAX_ARRIVAL_AGE_NS:
+            return mono
+    return now
+
+
+@guarded("vllm.api.add_request")
+def _open_api_request(request: Any) -> RequestHandle | None:
+    params = X.request_params(request)
+    if not params.request_id or params.request_id in API.open:
+        return None  # a streaming-input continuation of a request already open
+    now = monotonic_ns()
+    render = RENDERS.pop(getattr(request, "prompt_token_ids", None))
+    carrier = None
+    if not trace.get_current_span().get_span_context().is_valid:
+        # No SERVER span here: join the caller's trace that vLLM passed along (--otlp-traces-endpoint).
+        carrier = X.carrier_from(getattr(request, "trace_headers", None))
+    handle = start_request(params.request_id, model=API.model, prompt_tokens=params.prompt_tokens,
+                           max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+                           stream=params.stream, carrier=carrier, attributes={semconv.GEN_AI_SYSTEM: "vllm"},
+                           arrival_ns=_arrival_ns(request, now, render))
+    if render is not None:
+        handle.tokenized(params.prompt_tokens or 0, render[0], render[1])
+    request.trace_headers = X.merge_carrier(getattr(request, "trace_headers", None), handle.carrier())
+    if len(API.open) >= C.MAX_OPEN_REQUESTS:
+        oldest = next(iter(API.open))
+        API.open.pop(oldest).aborted(reason=semconv.FINISH_ABORT)
+    API.open[params.request_id] = handle
+    return handle
+
+
+def add_request_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_request = binder(positions, "request")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        handle = _open_api_request(get_request(args, kwargs))
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if handle is not None:
+                _close_api(handle, exc)
+            raise
+
+    return wrapper
+
+
+@guarded("vllm.api.close")
+def _close_api(handle: RequestHandle, error: BaseException) -> None:
+    API.open.pop(handle.request_id, None)
+    handle.aborted(error if isinstance(error, Exception) else None)
+
+
+@guarded("vllm.api.tokens")
+def _api_tokens(outputs: Any, now: int) -> list[X.OutputEvent]:
+    events = X.output_events(outputs or ())
+    for event in events:
+        handle = API.open.get(event.request_id)
+        if handle is not None and event.new_tokens:
+            handle.token(event.new_tokens, now)
+    return events
+
+
+@guarded("vllm.api.outputs")
+def _api_after(processor: Any, outputs: Any, events: list[X.OutputEvent] | None, duration_ns: int) -> None:
+    if not events:
+        return
+    share = duration_ns // len(events)
+    states = getattr(processor, "request_states", None)
+    headers_by_id = {str(getattr(o, "request_id", "")): getattr(o, "trace_headers", None) for o in outputs}
+    for event in events:
+        handle = API.open.get(event.request_id)
+        if handle is None:
+            continue
+        handle.detokenized(share)
+        summary = X.decode_summary(headers_by_id.get(event.request_id))
+        if summary is not None:  # at the first token (queue, prefill) and at the end (all)
+            API.engine_reports = True
+            handle.engine_summary(summary)
+        still_open = event.request_id in states if isinstance(states, dict) else event.finish_reason is None
+        if still_open:
+            continue
+        API.open.pop(event.request_id, None)
+        if handle.summary_in is None and API.engine_reports:
+            handle.engine_summary({})  # the engine traces this request's phases; never approximate them here
+        # No finish reason from the engine but the request is done: vLLM's detokenizer matched a stop string.
+        reason = event.finish_reason or semconv.FINISH_STOP
+        if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+            handle.aborted(reason=reason)
+        else:
+            handle.finished(reason)
+
+
+def process_outputs_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_outputs = binder(positions, "engine_core_outputs")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        outputs = get_outputs(args, kwargs)
+        start = monotonic_ns()
+        events = _api_tokens(outputs, start)
+        with _tokenizer_scope():
+            result = wrapped(*args, **kwargs)
+        _api_after(instance, outputs or (), events, monotonic_ns() - start)
+        return result
+
+    return wrapper
+
+
+@guarded("vllm.api.abort")
+def _api_aborted(request_ids: Any) -> None:
+    for request_id in request_ids or ():
+        handle = API.open.pop(str(request_id), None)
+        if handle is not None:
+            handle.aborted(reason=semconv.FINISH_ABORT)
+
+
+def abort_requests_wrapper(positions: dict[str, int]) -> Wrapper:
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        _api_aborted(result)  # the internal ids vLLM actually aborted
+        return result
+
+    return wrapper
+
+
+@guarded("vllm.api.error")
+def _api_errored(error: Any) -> None:
+    handles = list(API.open.values())
+    API.open.clear()
+    for handle in handles:
+        handle.aborted(error if isinstance(error, Exception) else None)
+
+
+def propagate_error_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_error = binder(positions, "e")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _api_errored(get_error(args, kwargs))
+        return wrapped(*args, **kwargs)
+
+    return wrapper

@@ -1,0 +1,220 @@
+"""EngineCore side of the vLLM adapter: the step timeline and the engine half of each request.
+
+``Scheduler.add_request`` opens the engine record (a child of the API server's
+``llm.request`` through ``trace_headers``); ``Scheduler.schedule`` begins an ``llm.step``
+keyed by its ``SchedulerOutput``; the executor's ``execute_model`` marks the forward
+dispatch; ``Scheduler.update_from_output`` closes the step, counts tokens and sends the
+engine's durations back on the outputs' ``trace_headers``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from llmtrace import semconv
+from llmtrace._safety import guarded
+from llmtrace.integrations.vllm import _constants as C
+from llmtrace.integrations.vllm import extractors as X
+from llmtrace.integrations.vllm._binding import Wrapper, binder
+from llmtrace.lifecycle.clock import monotonic_ns
+from llmtrace.lifecycle.engine import EngineTracer, StepRecord
+from llmtrace.lifecycle.request import RequestHandle
+from llmtrace.lifecycle.tracker import RequestTracker
+
+
+# --------------------------------------------------------------------------- EngineCore side
+class _EngineState:
+    """One Scheduler's timeline and the engine half of its requests."""
+
+    def __init__(self, scheduler: Any) -> None:
+        config = getattr(scheduler, "vllm_config", None)
+        self.model = X.model_name(config)
+        self.tracker = RequestTracker()
+        self.tracer = EngineTracer(X.engine_id(config), self.tracker)
+        self.handles: dict[str, RequestHandle] = {}
+
+
+class _Pending:
+    """A step between ``schedule()`` and ``update_from_output()`` (several overlap with async scheduling)."""
+
+    __slots__ = ("forward_start_ns", "output", "schedule_end_ns", "state", "step")
+
+    def __init__(self, output: Any, step: StepRecord, state: _EngineState, schedule_end_ns: int) -> None:
+        self.output = output  # held so that id(output) stays unique while pending
+        self.step = step
+        self.state = state
+        self.schedule_end_ns = schedule_end_ns
+        self.forward_start_ns: int | None = None
+
+
+_ENGINES: weakref.WeakKeyDictionary[Any, _EngineState] = weakref.WeakKeyDictionary()
+_PENDING: dict[int, _Pending] = {}
+
+
+def _state(scheduler: Any) -> _EngineState:
+    state = _ENGINES.get(scheduler)
+    if state is None:
+        state = _ENGINES[scheduler] = _EngineState(scheduler)
+    return state
+
+
+def reset() -> None:
+    """Close every open window and forget pending steps (``uninstrument()``)."""
+    for state in list(_ENGINES.values()):
+        state.tracer.flush_window()
+    _PENDING.clear()
+
+
+def engine_states() -> list[Any]:
+    """The engine states of this process (for tests and ``flush``)."""
+    return list(_ENGINES.values())
+
+
+@guarded("vllm.engine.add_request")
+def _engine_add(scheduler: Any, request: Any) -> None:
+    state = _state(scheduler)
+    params = X.request_params(request)
+    if not params.request_id or params.request_id in state.handles:
+        return
+    carrier = X.carrier_from(getattr(request, "trace_headers", None))
+    state.handles[params.request_id] = state.tracker.add(
+        params.request_id, carrier=carrier, arrival_ns=monotonic_ns(), model=state.model,
+        prompt_tokens=params.prompt_tokens, max_tokens=params.max_tokens, temperature=params.temperature,
+        top_p=params.top_p, attributes={semconv.GEN_AI_SYSTEM: "vllm"})
+
+
+def add_request_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_request = binder(positions, "request")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        _engine_add(instance, get_request(args, kwargs))
+        return result
+
+    return wrapper
+
+
+@guarded("vllm.engine.begin")
+def _begin(scheduler: Any) -> StepRecord | None:
+    return _state(scheduler).tracer.begin_step()
+
+
+@guarded("vllm.engine.scheduled")
+def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int) -> None:
+    state = _state(scheduler)
+    step.add_phase("schedule", step.start_ns, end_ns)
+    info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
+    for request_id in info.preempted_ids:
+        handle = state.handles.get(request_id)
+        if handle is not None:
+            handle.preempted(end_ns)
+    waiting, running = X.queue_counts(scheduler.get_request_counts())
+    step.batch([rid for rid in info.request_ids if rid in state.handles], prefill_tokens=info.prefill_tokens,
+               decode_tokens=info.decode_tokens, waiting=waiting, running=running,
+               kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
+               preempted=len(info.preempted_ids))
+    if len(_PENDING) >= C.MAX_PENDING_STEPS:
+        _PENDING.pop(next(iter(_PENDING)))
+    _PENDING[id(output)] = _Pending(output, step, state, end_ns)
+
+
+def schedule_wrapper(positions: dict[str, int]) -> Wrapper:
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        step = _begin(instance)
+        output = wrapped(*args, **kwargs)
+        if step is not None:
+            _engine_scheduled(instance, step, output, monotonic_ns())
+        return output
+
+    return wrapper
+
+
+def _take_pending(output: Any) -> _Pending | None:
+    pending = _PENDING.pop(id(output), None)
+    return pending if pending is not None and pending.output is output else None
+
+
+def execute_model_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_output = binder(positions, "scheduler_output")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        pending = _PENDING.get(id(get_output(args, kwargs)))
+        if pending is not None and pending.forward_start_ns is None:
+            pending.forward_start_ns = monotonic_ns()
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+@guarded("vllm.engine.updated")
+def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
+                    start_ns: int, end_ns: int) -> None:
+    state = _state(scheduler)
+    step = pending.step if pending is not None else None
+    if pending is not None and step is not None:
+        # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
+        step.add_phase("forward", pending.forward_start_ns or pending.schedule_end_ns, start_ns)
+        step.add_phase("postprocess", start_ns, end_ns)
+    for output in X.engine_outputs(result):
+        request_id = str(getattr(output, "request_id", ""))
+        handle = state.handles.get(request_id)
+        if handle is None:
+            continue
+        tokens = len(getattr(output, "new_token_ids", None) or ())
+        first = tokens > 0 and not handle.token_ns
+        if tokens:
+            handle.token(tokens, start_ns)
+        reason = X.finish_reason(getattr(output, "finish_reason", None))
+        if reason is None:
+            if first:
+                # Queue and prefill are known at the first token: send them now, so that a request
+                # the API server ends itself (a stop string) still gets them.
+                output.trace_headers = X.with_summary(getattr(output, "trace_headers", None),
+                                                      X.first_token_summary(handle.summary()))
+            continue
+        del state.handles[request_id]
+        if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+            summary = state.tracker.aborted(request_id, reason=reason)
+        else:
+            summary = state.tracker.finished(request_id, reason)
+        output.trace_headers = X.with_summary(getattr(output, "trace_headers", None), summary)
+    if step is not None:
+        state.tracer.end_step(step)
+    if not scheduler.has_requests():
+        # The engine goes idle: close the window now, or its steps would wait for the next request.
+        state.tracer.flush_window()
+
+
+def update_from_output_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_output = binder(positions, "scheduler_output")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        start = monotonic_ns()
+        pending = _take_pending(get_output(args, kwargs))
+        result = wrapped(*args, **kwargs)
+        _engine_updated(instance, pending, result, start, monotonic_ns())
+        return result
+
+    return wrapper
+
+
+@guarded("vllm.engine.finished")
+def _engine_finished(scheduler: Any, requests: Any, status: Any) -> None:
+    state = _state(scheduler)
+    reason = semconv.FINISH_ERROR if "ERROR" in str(status).upper() else semconv.FINISH_ABORT
+    for request in requests or ():
+        request_id = str(getattr(request, "request_id", ""))
+        if state.handles.pop(request_id, None) is not None:
+            state.tracker.aborted(request_id, reason=reason)
+
+
+def finish_requests_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_status = binder(positions, "finished_status")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        _engine_finished(instance, result, get_status(args, kwargs))
+        return result
+
+    return wrapper

@@ -1,0 +1,106 @@
+"""The real vLLM ``LLM`` — API side, EngineCore in its own process over ZMQ, the real Scheduler
+and KV-cache manager — with the fake executor, traced through the plugin entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.vllm import trace_checks
+from tests.vllm.conftest import PYTHON, REPO, driven, subprocess_env
+
+pytestmark = pytest.mark.vllm
+
+TIMEOUT_S = 400
+
+
+def run_scenario(model: Path, traces: Path, *args: str, **env: str) -> list[dict[str, Any]]:
+    environ = subprocess_env(LLMTRACE_EXPORTER=f"file:{traces}", **env)
+    done = subprocess.run([PYTHON, "-m", "tests.vllm.scenario", str(model), *args], cwd=REPO, env=environ,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SCENARIO ")]
+    assert done.returncode == 0 and lines, f"scenario failed ({done.returncode}):\n{done.stderr[-6000:]}"
+    result: list[dict[str, Any]] = json.loads(lines[-1][len("SCENARIO "):])
+    return result
+
+
+@pytest.fixture(scope="module")
+def preempting_run(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Any], list[Any]]:
+    """8 requests x 60 tokens in 9 KV blocks of 16: the scheduler must preempt."""
+    traces = tmp_path_factory.mktemp("offline") / "traces.jsonl"
+    result = run_scenario(tiny_model, traces, "--requests", "8", "--max-tokens", "60", "--blocks", "9",
+                          LLMTRACE_VLLM="1")
+    driven("LLM.generate -> EngineCore process (ZMQ) -> Scheduler (9 KV blocks, preemption) -> fake executor; "
+           "plugin via entry point in both processes")
+    return result, trace_checks.load(traces)
+
+
+def test_every_request_has_the_full_span_model(preempting_run: tuple[list[Any], list[Any]]) -> None:
+    """tokenize (API) + queue/prefill/decode (engine) under each llm.request; steps linked both ways."""
+    result, spans = preempting_run
+    assert all(r["finish"] == "length" and r["tokens"] == 60 for r in result)
+    report = trace_checks.check(spans, expected_requests=8)
+    assert [] == report.problems
+
+
+def test_phase_spans_come_from_the_engine_process(preempting_run: tuple[list[Any], list[Any]]) -> None:
+    """The request span is the API server's; queue/prefill/decode are the EngineCore's, in the same trace."""
+    _result, spans = preempting_run
+    roles = {(s.name, s.role) for s in spans if s.name.startswith("llm.")}
+    assert {("llm.request", "api-server"), ("llm.tokenize", "api-server"), ("llm.queue", "engine"),
+            ("llm.prefill", "engine"), ("llm.decode", "engine"), ("llm.step", "engine")} <= roles
+    assert not {("llm.prefill", "api-server"), ("llm.queue", "api-server"), ("llm.decode", "api-server")} & roles
+
+
+def test_preemptions_appear_as_requeues(preempting_run: tuple[list[Any], list[Any]]) -> None:
+    """Each preemption counted on a step is one more llm.queue and one more llm.preemptions."""
+    _result, spans = preempting_run
+    preempted = sum(s.attributes.get("llm.preempted", 0) for s in spans if s.name == "llm.step")
+    requests = [s for s in spans if s.name == "llm.request"]
+    queues = [s for s in spans if s.name == "llm.queue"]
+    assert preempted > 0
+    assert preempted == sum(r.attributes["llm.preemptions"] for r in requests)
+    assert len(requests) + preempted == len(queues)
+
+
+def test_output_tokens_and_usage(preempting_run: tuple[list[Any], list[Any]]) -> None:
+    """Usage on llm.request matches what vLLM returned; the step ids it names exist."""
+    result, spans = preempting_run
+    requests = [s for s in spans if s.name == "llm.request"]
+    assert [60] * len(result) == [r.attributes["gen_ai.usage.output_tokens"] for r in requests]
+    assert all(r.attributes["llm.step.first_id"] < r.attributes["llm.step.last_id"] for r in requests)
+
+
+def test_stop_string_ends_the_request_on_the_api_side(tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM's detokenizer matches a stop string and aborts the engine request: the trace still has
+    one set of engine phases and the queue/prefill the engine sent with the first token."""
+    traces = tmp_path / "traces.jsonl"
+    result = run_scenario(tiny_model, traces, "--requests", "2", "--max-tokens", "10", "--stop", LLMTRACE_VLLM="1")
+    driven("stop-string finish (API-side detokenizer) -> engine abort")
+    assert ["stop", "stop"] == [r["finish"] for r in result]
+    spans = trace_checks.load(traces)
+    assert [] == trace_checks.check(spans, expected_requests=2).problems
+    requests = [s for s in spans if s.name == "llm.request"]
+    assert ["stop", "stop"] == [r.attributes["llm.request.finish_reason"] for r in requests]
+    assert 2 == sum(1 for s in spans if s.name == "llm.prefill")
+
+
+def test_in_process_engine_with_instrument_call(tiny_model: Path, tmp_path: Path) -> None:
+    """``llmtrace.instrument()`` before importing vLLM, engine in the same process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0): the same span model, no plugin needed."""
+    traces = tmp_path / "traces.jsonl"
+    run_scenario(tiny_model, traces, "--requests", "3", "--instrument", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    driven("in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0) with llmtrace.instrument()")
+    assert [] == trace_checks.check(trace_checks.load(traces), expected_requests=3).problems
+
+
+def test_plugin_is_a_no_op_without_opt_in(tiny_model: Path, tmp_path: Path) -> None:
+    """Installed but not enabled (no LLMTRACE_VLLM): vLLM runs and nothing is traced."""
+    traces = tmp_path / "traces.jsonl"
+    result = run_scenario(tiny_model, traces, "--requests", "2")
+    assert 2 == len(result)
+    assert not traces.exists()

@@ -1,0 +1,135 @@
+"""The pure extractors, fed with real vLLM objects built on the CPU (and with plain stand-ins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from llmtrace.integrations.vllm import _constants as C
+from llmtrace.integrations.vllm import extractors as X
+from tests.vllm.conftest import driven
+
+pytestmark = pytest.mark.vllm
+
+PROMPT_LEN = 40
+
+
+@pytest.fixture(scope="module")
+def scheduler(vllm_module: Any, tiny_model: Path) -> Any:
+    """vLLM's real v1 Scheduler and KV-cache manager, from a real VllmConfig of the tiny model."""
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = EngineArgs(model=str(tiny_model), load_format="dummy", max_model_len=128, max_num_seqs=8,
+                        max_num_batched_tokens=64, enforce_eager=True).create_engine_config()
+    config.cache_config.num_gpu_blocks = 20
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    kv_config = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"], spec)])
+    driven("Scheduler + KVCacheManager from a real VllmConfig (CPU platform), fed real Request objects")
+    return Scheduler(vllm_config=config, kv_cache_config=kv_config,
+                     structured_output_manager=StructuredOutputManager(config), block_size=16)
+
+
+def _request(request_id: str, max_tokens: int = 3, trace_headers: dict[str, str] | None = None) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.5, top_p=0.9)
+    return Request(request_id, list(range(3, 3 + PROMPT_LEN)), params, None, trace_headers=trace_headers)
+
+
+def test_batch_info_splits_chunked_prefill_and_decode(scheduler: Any) -> None:
+    """64-token budget, two 40-token prompts: step 1 = 40 + 24 prefill; step 2 = 16 prefill + 1 decode."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    for rid in ("a", "b"):
+        scheduler.add_request(_request(rid))
+    first = scheduler.schedule()
+    info = X.batch_info(first, scheduler.requests)
+    assert X.BatchInfo(("a", "b"), 64, 0, (), 64) == info
+    runner = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5], []])
+    scheduler.update_from_output(first, runner)
+    second = scheduler.schedule()
+    assert X.BatchInfo(("a", "b"), 16, 1, (), 17) == X.batch_info(second, scheduler.requests)
+    assert (0, 2) == X.queue_counts(scheduler.get_request_counts())
+    usage = X.kv_cache_usage(scheduler.get_kv_cache_usage())
+    assert usage is not None and 0.0 < usage <= 1.0
+
+
+def test_request_params_from_a_real_request(vllm_module: Any) -> None:
+    """Sampling parameters and prompt length, read from vLLM's engine-side Request."""
+    params = X.request_params(_request("r1", max_tokens=7))
+    assert X.RequestParams("r1", PROMPT_LEN, 7, 0.5, pytest.approx(0.9), False) == params
+
+
+def test_finish_reasons_of_vllm(vllm_module: Any) -> None:
+    """Every vLLM FinishReason maps to the name llmtrace records."""
+    from vllm.v1.engine import FinishReason
+
+    mapped = [X.finish_reason(reason) for reason in FinishReason]
+    assert ["stop", "length", "abort", "error", "repetition"] == mapped
+    assert X.finish_reason(None) is None
+
+
+def test_carrier_and_summary_survive_vllms_wire_format(vllm_module: Any) -> None:
+    """trace_headers with our W3C context and engine summary go through vLLM's msgpack codec intact."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+    from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder
+
+    carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    headers = X.merge_carrier({"traceparent": "00-11111111111111111111111111111111-2222222222222222-01",
+                               "x-other": "kept"}, carrier)
+    summary = {"queue_s": 0.25, "prefill_s": 0.5, "first_step": 3, "last_step": 9, "preemptions": 1}
+    output = EngineCoreOutput(request_id="r", new_token_ids=[5], trace_headers=X.with_summary(headers, summary))
+    wire = MsgpackEncoder().encode(EngineCoreOutputs(outputs=[output]))
+    received = MsgpackDecoder(EngineCoreOutputs).decode(wire).outputs[0]
+    assert carrier == X.carrier_from(received.trace_headers)
+    assert "kept" == received.trace_headers["x-other"]
+    assert summary == X.decode_summary(received.trace_headers)
+
+
+def test_decode_summary_rejects_malformed_input() -> None:
+    """A foreign or broken summary is ignored (None), unknown keys and negative values dropped."""
+    assert X.decode_summary({C.SUMMARY_KEY: "{not json"}) is None
+    assert X.decode_summary({C.SUMMARY_KEY: "[1, 2]"}) is None
+    assert X.decode_summary(None) is None
+    assert {"queue_s": 1.0} == X.decode_summary({C.SUMMARY_KEY: '{"queue_s": 1, "prefill_s": -2, "evil": 3}'})
+
+
+def test_first_token_summary_keeps_only_final_values() -> None:
+    """At the first token only queue, prefill, preemptions and the first step are final."""
+    summary = {"queue_s": 1.0, "prefill_s": 2.0, "first_step": 4, "last_step": 4, "decode_s": 0.0,
+               "preemptions": 0}
+    assert {"queue_s": 1.0, "prefill_s": 2.0, "first_step": 4, "preemptions": 0} == X.first_token_summary(summary)
+
+
+def test_rendered_token_lists_of_completion_and_chat_results() -> None:
+    """Token lists are found in render_cmpl's list and render_chat's (conversations, inputs) pair."""
+    ids_a, ids_b = [1, 2], [3]
+    assert [ids_a, ids_b] == X.rendered_token_lists([{"prompt_token_ids": ids_a}, {"prompt_token_ids": ids_b}])
+    assert [ids_a] == X.rendered_token_lists(([["conversation"]], [{"prompt_token_ids": ids_a}]))
+    assert [ids_b] == X.rendered_token_lists([{"decoder_prompt": {"prompt_token_ids": ids_b}}])
+    assert [] == X.rendered_token_lists(None)
+
+
+def test_engine_id_and_model_name_from_config_stand_ins() -> None:
+    """``dp<rank>`` and the first served model name."""
+    config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_rank=2),
+                             model_config=SimpleNamespace(served_model_name=["tiny", "alias"], model="/m"))
+    assert "dp2" == X.engine_id(config)
+    assert "tiny" == X.model_name(config)
+    assert "dp0" == X.engine_id(None)
+
+
+@pytest.mark.parametrize(("version", "supported"), [("0.33.0", True), ("0.30.1.dev3+gabc", True),
+                                                    ("0.34.0", False), ("0.29.9", False), (None, False)])
+def test_version_range(version: str | None, supported: bool) -> None:
+    """The declared range is inclusive below, exclusive above; dev/local suffixes are ignored."""
+    assert supported == X.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE)
