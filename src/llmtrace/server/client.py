@@ -87,10 +87,22 @@ class EngineClient:
             if kind == "error":
                 log.error("reference engine: %s", message[1])
                 continue
-            with self._lock:
-                pending = self._pending.get(message[1])
+            if kind == "outputs":
+                self._dispatch(message[1], message[2])
+
+    def _dispatch(self, tokens: list[tuple[str, int]], finished: list[tuple[str, str, dict[str, Any]]]) -> None:
+        """Route one step's outputs to the waiting requests (one event-loop wake-up per request)."""
+        per_request: dict[str, list[tuple[Any, ...]]] = {}
+        for request_id, token in tokens:
+            per_request.setdefault(request_id, []).append(("token", request_id, token))
+        for request_id, reason, summary in finished:
+            per_request.setdefault(request_id, []).append(("finished", request_id, reason, summary))
+        with self._lock:
+            targets = [(self._pending.get(rid), items) for rid, items in per_request.items()]
+        for pending, items in targets:
             if pending is not None:
-                pending.loop.call_soon_threadsafe(pending.queue.put_nowait, message)
+                for item in items:
+                    pending.loop.call_soon_threadsafe(pending.queue.put_nowait, item)
 
     _stats_waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[dict[str, Any]]] | None = None
 

@@ -4,7 +4,8 @@ Messages (plain tuples over multiprocessing queues, like vLLM's EngineCore IPC):
 
 * in:  ``("add", {request_id, prompt_ids, max_tokens, temperature, top_p, carrier})``,
   ``("abort", request_id)``, ``("stats", None)``, ``("shutdown", None)``
-* out: ``("token", request_id, token_id)``, ``("finished", request_id, reason, summary)``,
+* out: ``("outputs", [(request_id, token_id), ...], [(request_id, reason, summary), ...])`` once
+  per step (batched like vLLM's EngineCoreOutputs: one pickle and one pipe write per step),
   ``("stats", dict)``, ``("ready", dict)``, ``("error", message)``
 
 The W3C carrier of the API server's ``llm.request`` travels in the add message;
@@ -80,7 +81,7 @@ class ReferenceEngine:
             try:
                 self.scheduler.add(seq)
             except ValueError as exc:
-                self.out.put(("finished", seq.request_id, "error", {"error": str(exc)}))
+                self.out.put(("outputs", [], [(seq.request_id, "error", {"error": str(exc)})]))
                 return True
             self.sequences[seq.request_id] = seq
             self.tracker.add(seq.request_id, carrier=payload.get("carrier"),
@@ -141,25 +142,29 @@ class ReferenceEngine:
         return out.logits[:, -1, :]
 
     def _sample(self, batch: list[Any], logits: Any) -> list[int]:
+        """Greedy for temperature 0, else temperature + top-p (nucleus) sampling, batched."""
         torch = self.torch
-        tokens: list[int] = []
-        for row, seq in enumerate(batch):
-            if seq.temperature <= 0:
-                tokens.append(int(logits[row].argmax()))
-                continue
-            probs = torch.softmax(logits[row] / seq.temperature, dim=-1)
-            if seq.top_p < 1.0:
-                sorted_probs, order = probs.sort(descending=True)
-                keep = sorted_probs.cumsum(0) - sorted_probs < seq.top_p
-                probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
-            tokens.append(int(torch.multinomial(probs, 1, generator=self.generator)))
-        return tokens
+        tokens = logits.argmax(dim=-1)
+        rows = [i for i, seq in enumerate(batch) if seq.temperature > 0]
+        if rows:
+            index = torch.tensor(rows)
+            temps = torch.tensor([batch[i].temperature for i in rows]).unsqueeze(1)
+            top_p = torch.tensor([batch[i].top_p for i in rows]).unsqueeze(1)
+            probs = torch.softmax(logits[index] / temps, dim=-1)
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # beyond the nucleus
+            sorted_probs[outside] = 0.0
+            choice = torch.multinomial(sorted_probs, 1, generator=self.generator)
+            tokens[index] = order.gather(-1, choice).squeeze(1)
+        return [int(t) for t in tokens.tolist()]
 
     def _postprocess(self, batch: list[Any], tokens: list[int]) -> None:
+        emitted: list[tuple[str, int]] = []
+        finished: list[tuple[str, str, dict[str, Any]]] = []
         for seq, token in zip(batch, tokens, strict=True):
             seq.needs_prefill = False
             seq.output_ids.append(token)
-            self.out.put(("token", seq.request_id, token))
+            emitted.append((seq.request_id, token))
             reason = None
             if token == self.config.eos_token_id:
                 reason = "stop"
@@ -169,7 +174,8 @@ class ReferenceEngine:
                 self.scheduler.remove(seq.request_id)
                 self.sequences.pop(seq.request_id, None)
                 summary = self.tracker.finished(seq.request_id, reason, output_tokens=len(seq.output_ids))
-                self.out.put(("finished", seq.request_id, reason, summary))
+                finished.append((seq.request_id, reason, summary))
+        self.out.put(("outputs", emitted, finished))
 
     @property
     def has_work(self) -> bool:
@@ -185,7 +191,7 @@ def run_engine(config: EngineConfig, in_queue: Any, out_queue: Any) -> None:
         llmtrace.instrument(**{**config.instrument_options, "process_role": "engine"})
     try:
         engine = ReferenceEngine(config, out_queue)
-    except Exception as exc:  # noqa: BLE001 - report to the API server instead of dying silently
+    except Exception as exc:
         out_queue.put(("error", f"engine failed to start: {exc!r}"))
         raise
     out_queue.put(("ready", {"pid": os.getpid(), **engine.stats()}))
