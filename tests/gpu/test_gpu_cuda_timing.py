@@ -21,7 +21,7 @@ def _run(code: str) -> dict[str, object]:
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert 0 == proc.returncode, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -38,7 +38,7 @@ def test_without_torch_imported_everything_is_a_no_op_and_torch_stays_unimported
                               in_use=cuda_in_use(), torch="torch" in sys.modules)))
         """
     )
-    assert result == {"token": True, "ready": [], "mem": {}, "in_use": False, "torch": False}
+    assert {"token": True, "ready": [], "mem": {}, "in_use": False, "torch": False} == result
 
 
 def test_with_torch_imported_cuda_is_never_initialised() -> None:
@@ -55,4 +55,4 @@ def test_with_torch_imported_cuda_is_never_initialised() -> None:
                               initialised=torch.cuda.is_initialized())))
         """
     )
-    assert result == {"token": True, "ready": [], "mem": {}, "initialised": False}
+    assert {"token": True, "ready": [], "mem": {}, "initialised": False} == result

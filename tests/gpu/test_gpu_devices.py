@@ -89,22 +89,22 @@ def test_mig_devices_are_flagged_and_keep_cuda_ordinals() -> None:
     backend = RecordedBackend(inventory(UUIDS, MIG))
     (dev,) = resolve_devices(backend, "visible", {"CUDA_VISIBLE_DEVICES": "MIG-c3ed"})
     assert (dev.visible_index, dev.nvml_index, dev.is_mig, dev.handle) == (0, 3, True, ("mig", 3, 0))
-    assert dev.name == "NVIDIA H200"
+    assert "NVIDIA H200" == dev.name
 
 
 def test_selection_all_ignores_cuda_visible_devices() -> None:
     """devices='all' samples every GPU of the machine."""
-    assert _ids("1", "all") == ["0", "1", "2", "3"]
+    assert ["0", "1", "2", "3"] == _ids("1", "all")
 
 
 def test_selection_by_ordinal_and_uuid_prefix_picks_from_visible_devices() -> None:
     """An explicit selection is taken from what this process sees."""
-    assert _ids("2,3", [1]) == ["3"]
-    assert _ids("2,3", ["GPU-1b2c"]) == ["2"]
-    assert _ids("2", [1]) == []
+    assert ["3"] == _ids("2,3", [1])
+    assert ["2"] == _ids("2,3", ["GPU-1b2c"])
+    assert [] == _ids("2", [1])
 
 
 def test_parse_keeps_uuid_strings_and_stops_at_negative() -> None:
     """The raw parse: ordinals as int, UUID entries as str, None when unset."""
     assert parse_cuda_visible_devices(None) is None
-    assert parse_cuda_visible_devices("0,GPU-ab,2,-1,3") == [0, "GPU-ab", 2]
+    assert [0, "GPU-ab", 2] == parse_cuda_visible_devices("0,GPU-ab,2,-1,3")

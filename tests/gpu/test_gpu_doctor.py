@@ -50,7 +50,7 @@ def test_json_shape_and_exit_status_with_a_reachable_collector(
     port = listener.getsockname()[1]
     code = run_doctor(types.SimpleNamespace(json=True, endpoint=f"http://127.0.0.1:{port}"))
     report = json.loads(capsys.readouterr().out)
-    assert code == 0
+    assert 0 == code
     assert {"llmtrace", "nvml", "collector", "integrations"} == set(report)
     assert {
         "library_found",
@@ -73,7 +73,7 @@ def test_human_report_on_this_cpu_machine_names_the_missing_library(
     nothing listens on the collector port."""
     code = run_doctor(types.SimpleNamespace(json=False, endpoint=f"localhost:{_closed_port()}"))
     text = capsys.readouterr().out
-    assert code == 1
+    assert 1 == code
     assert "NVML library:      NOT FOUND" in text
     assert "no_nvml_library" in text
     assert "UNREACHABLE" in text
@@ -87,8 +87,8 @@ def test_device_section_lists_mapping_and_supported_queries() -> None:
     report = collect("localhost:1", backend=backend, environ={"CUDA_VISIBLE_DEVICES": "1"})
     (dev,) = report["nvml"]["mapped"]
     assert (dev["cuda_ordinal"], dev["hw.gpu.id"]) == (0, "1")
-    assert dev["queries"]["pcie_tx"]["status"] == "not supported"
-    assert dev["queries"]["utilization"]["status"] == "ok"
+    assert "not supported" == dev["queries"]["pcie_tx"]["status"]
+    assert "ok" == dev["queries"]["utilization"]["status"]
     assert report["nvml"]["driver_version"] != "recorded"
     assert "cuda:0 -> hw.gpu.id=1" in render(report)
     assert backend.inits == backend.shutdowns

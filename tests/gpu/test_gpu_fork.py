@@ -72,7 +72,7 @@ SCRIPT = textwrap.dedent(
 def _run(restart: bool) -> dict[str, Any]:
     code = SCRIPT.format(here=str(HERE), restart=restart)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0, proc.stderr
+    assert 0 == proc.returncode, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -81,13 +81,13 @@ def test_fork_child_stops_and_parent_reopens_nvml() -> None:
     singleton; the parent released NVML for the fork, re-opened it and keeps sampling."""
     result = _run(restart=False)
     child, parent = result["child"], result["parent"]
-    assert child["state"] == "stopped"
+    assert "stopped" == child["state"]
     assert not child["same_object"]  # get_sampler() is None in the child
     assert "llmtrace-gpu-sampler" not in child["threads"]
-    assert child["inherited_passes"] == 0
+    assert 0 == child["inherited_passes"]
     assert parent["before"]["shutdowns"] + 1 == parent["shutdowns"]
     assert parent["before"]["inits"] + 1 == parent["inits"]
-    assert parent["state"] == "running"
+    assert "running" == parent["state"]
 
 
 def test_fork_child_restarts_with_its_own_nvml_when_asked() -> None:

@@ -75,7 +75,7 @@ def test_every_instrument_reads_the_one_snapshot_without_calling_nvml() -> None:
         }
         for name in (HW_GPU_UTILIZATION, HW_GPU_POWER, HW_GPU_ENERGY):
             assert (labels, reading.values[name]) in metrics[name]
-    assert metrics[METRIC_GPU_AVAILABLE] == [({}, 1)]
+    assert [({}, 1)] == metrics[METRIC_GPU_AVAILABLE]
     assert {name for name, _u, _d in GAUGES} <= set(metrics)
 
 
@@ -86,8 +86,8 @@ def test_lost_device_drops_out_of_metrics() -> None:
     backend.lost.add(1)
     sampler.sample_once()
     metrics = _collect(sampler)
-    assert [attrs[HW_GPU_ID] for attrs, _v in metrics[HW_GPU_POWER]] == ["0"]
-    assert metrics[METRIC_GPU_AVAILABLE] == [({}, 1)]
+    assert ["0"] == [attrs[HW_GPU_ID] for attrs, _v in metrics[HW_GPU_POWER]]
+    assert [({}, 1)] == metrics[METRIC_GPU_AVAILABLE]
 
 
 def test_no_sampler_or_unavailable_reports_available_zero_only() -> None:
@@ -96,7 +96,7 @@ def test_no_sampler_or_unavailable_reports_available_zero_only() -> None:
         if sampler is not None:
             sampler.open()
         metrics = _collect(sampler)
-        assert metrics[METRIC_GPU_AVAILABLE] == [({}, 0)]
+        assert [({}, 0)] == metrics[METRIC_GPU_AVAILABLE]
         assert all(not points for name, points in metrics.items() if name != METRIC_GPU_AVAILABLE)
 
 
@@ -105,5 +105,5 @@ def test_stopped_sampler_reports_nothing_stale() -> None:
     sampler = _running(RecordedBackend())
     sampler.stop()
     metrics = _collect(sampler)
-    assert metrics[METRIC_GPU_AVAILABLE] == [({}, 0)]
-    assert metrics.get(HW_GPU_POWER, []) == []
+    assert [({}, 0)] == metrics[METRIC_GPU_AVAILABLE]
+    assert [] == metrics.get(HW_GPU_POWER, [])

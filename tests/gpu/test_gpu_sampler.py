@@ -58,12 +58,12 @@ def test_long_span_gets_mean_and_max_over_its_own_window() -> None:
     attrs = sampler.span_attributes(t[5], t[14])
     util = [u / 100 for u, _m in _recorded(0, "utilization", range(5, 15))]
     power = [p / 1000 for p in _recorded(0, "power_mw", range(5, 15))]
-    assert attrs[HW_GPU_ID] == "0"
+    assert "0" == attrs[HW_GPU_ID]
     assert pytest.approx(sum(util) / len(util)) == attrs[HW_GPU_UTILIZATION + ".mean"]
     assert max(util) == attrs[HW_GPU_UTILIZATION + ".max"]
     assert pytest.approx(sum(power) / len(power)) == attrs[HW_GPU_POWER + ".mean"]
     assert max(power) == attrs[HW_GPU_POWER + ".max"]
-    assert attrs[HW_GPU_MEMORY_LIMIT] == 150754820096
+    assert 150754820096 == attrs[HW_GPU_MEMORY_LIMIT]
     assert HW_GPU_UTILIZATION not in attrs
 
 
@@ -73,7 +73,7 @@ def test_short_span_gets_the_nearest_snapshot() -> None:
     t = _passes(sampler, clock, 30)
     attrs = sampler.span_attributes(t[20] + 10_000_000, t[20] + 30_000_000)
     assert _recorded(0, "power_mw", range(20, 21))[0] / 1000 == attrs[HW_GPU_POWER]
-    assert attrs[HW_GPU_UTILIZATION] == 1.0
+    assert 1.0 == attrs[HW_GPU_UTILIZATION]
     assert not any(k.endswith((".mean", ".max")) for k in attrs)
 
 
@@ -81,7 +81,7 @@ def test_stale_nearest_snapshot_is_not_attached() -> None:
     """A short span long after the last sample (sampler stalled) gets no GPU attributes."""
     sampler, clock = _sampler(RecordedBackend())
     t = _passes(sampler, clock, 5)
-    assert sampler.span_attributes(t[4] + 10 * STEP, t[4] + 10 * STEP + 1_000) == {}
+    assert {} == sampler.span_attributes(t[4] + 10 * STEP, t[4] + 10 * STEP + 1_000)
 
 
 def test_device_group_sums_power_and_memory_and_averages_utilisation() -> None:
@@ -94,12 +94,12 @@ def test_device_group_sums_power_and_memory_and_averages_utilisation() -> None:
     u0 = [u / 100 for u, _ in _recorded(0, "utilization", ks)]
     u1 = [u / 100 for u, _ in _recorded(1, "utilization", ks)]
     sums = [(a + b) / 1000 for a, b in zip(p0, p1, strict=True)]
-    assert attrs[HW_GPU_ID] == "0,1"
+    assert "0,1" == attrs[HW_GPU_ID]
     assert pytest.approx(sum(sums) / len(sums)) == attrs[HW_GPU_POWER + ".mean"]
     assert pytest.approx(max(sums)) == attrs[HW_GPU_POWER + ".max"]
     assert pytest.approx(sum(u0 + u1) / (2 * len(ks))) == attrs[HW_GPU_UTILIZATION + ".mean"]
     assert max(u0 + u1) == attrs[HW_GPU_UTILIZATION + ".max"]
-    assert attrs[HW_GPU_MEMORY_LIMIT] == 2 * 150754820096
+    assert 2 * 150754820096 == attrs[HW_GPU_MEMORY_LIMIT]
 
 
 def test_device_indices_select_one_device_by_cuda_ordinal() -> None:
@@ -108,7 +108,7 @@ def test_device_indices_select_one_device_by_cuda_ordinal() -> None:
     t = _passes(sampler, clock, 20)
     attrs = sampler.span_attributes(t[2], t[8], device_indices=[1])
     used = _recorded(0, "memory", range(2, 9))
-    assert attrs[HW_GPU_ID] == "0"  # cuda:1 is physical GPU 0 under CUDA_VISIBLE_DEVICES=1,0
+    assert "0" == attrs[HW_GPU_ID]  # cuda:1 is physical GPU 0 under CUDA_VISIBLE_DEVICES=1,0
     assert max(u for u, _t in used) == attrs[HW_GPU_MEMORY_USAGE + ".max"]
 
 
@@ -120,11 +120,11 @@ def test_unsupported_query_is_asked_once_then_skipped(caplog: pytest.LogCaptureF
     sampler, clock = _sampler(backend)
     with caplog.at_level(logging.WARNING, logger="llmtrace.gpu"):
         t = _passes(sampler, clock, 10)
-    assert sampler.status().unsupported["0"] == ("power",)
+    assert ("power",) == sampler.status().unsupported["0"]
     attrs = sampler.span_attributes(t[1], t[8])
     assert HW_GPU_POWER + ".mean" not in attrs
     assert HW_GPU_UTILIZATION + ".mean" in attrs
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert [] == [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_unsupported_query_costs_no_further_calls() -> None:
@@ -141,7 +141,7 @@ def test_unsupported_query_costs_no_further_calls() -> None:
     backend.devices[0]["unsupported"] = ["power_mw"]
     sampler, clock = _sampler(backend)
     _passes(sampler, clock, 10)
-    assert Counting.power_calls == 1
+    assert 1 == Counting.power_calls
 
 
 def test_lost_device_is_logged_once_and_omitted(caplog: pytest.LogCaptureFixture) -> None:
@@ -154,13 +154,13 @@ def test_lost_device_is_logged_once_and_omitted(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, logger="llmtrace.gpu"):
         t = _passes(sampler, clock, 10)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1
+    assert 1 == len(warnings)
     assert "GPU 1" in warnings[0] and "lost" in warnings[0]
-    assert sampler.status().lost_devices == ("1",)
+    assert ("1",) == sampler.status().lost_devices
     assert sampler.available
     attrs = sampler.span_attributes(t[2], t[8])
-    assert attrs[HW_GPU_ID] == "0"
-    assert sampler.span_attributes(t[2], t[8], device_indices=[1]) == {}
+    assert "0" == attrs[HW_GPU_ID]
+    assert {} == sampler.span_attributes(t[2], t[8], device_indices=[1])
     assert sampler.energy_j(t[2], t[8], device_indices=[1]) is None
 
 
@@ -173,8 +173,8 @@ def test_device_failing_every_query_three_passes_is_declared_lost(caplog: pytest
     with caplog.at_level(logging.WARNING, logger="llmtrace.gpu"):
         _passes(sampler, clock, 6)
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("lost" not in m and "utilization failed" in m for m in messages) == 1
-    assert sum("3 passes in a row" in m for m in messages) == 1
+    assert 1 == sum("lost" not in m and "utilization failed" in m for m in messages)
+    assert 1 == sum("3 passes in a row" in m for m in messages)
     assert not sampler.available
 
 
@@ -188,7 +188,7 @@ def test_energy_is_the_counter_delta_interpolated_between_samples() -> None:
     half = STEP // 2
     expected = ((e[15] + e[16]) / 2 - (e[5] + e[6]) / 2) / 1000
     assert pytest.approx(expected) == sampler.energy_j(t[5] + half, t[15] + half)
-    assert sampler.status().energy_source["0"] == "counter"
+    assert "counter" == sampler.status().energy_source["0"]
 
 
 def test_group_energy_sums_device_counters_and_survives_a_lost_device() -> None:
@@ -214,14 +214,14 @@ def test_energy_falls_back_to_power_integration_without_a_counter() -> None:
     p = [w / 1000 for w in _recorded(0, "power_mw", range(30))]
     expected = sum((p[k] + p[k + 1]) / 2 * 0.1 for k in range(5, 15))
     assert pytest.approx(expected) == sampler.energy_j(t[5], t[15])
-    assert sampler.status().energy_source["0"] == "power_integration"
+    assert "power_integration" == sampler.status().energy_source["0"]
 
 
 def test_split_energy_by_tokens_is_proportional_and_sums_to_total() -> None:
     """Each request's share follows its token count; equal shares when all counts are 0."""
-    assert split_energy_by_tokens(4.0, {"a": 3, "b": 1}) == {"a": 3.0, "b": 1.0}
-    assert split_energy_by_tokens(2.0, {"a": 0, "b": 0}) == {"a": 1.0, "b": 1.0}
-    assert split_energy_by_tokens(2.0, {}) == {}
+    assert {"a": 3.0, "b": 1.0} == split_energy_by_tokens(4.0, {"a": 3, "b": 1})
+    assert {"a": 1.0, "b": 1.0} == split_energy_by_tokens(2.0, {"a": 0, "b": 0})
+    assert {} == split_energy_by_tokens(2.0, {})
 
 
 def test_thread_samples_and_stop_really_stops() -> None:
@@ -240,15 +240,15 @@ def test_thread_samples_and_stop_really_stops() -> None:
     passes = sampler.status().passes
     time.sleep(0.05)
     assert passes == sampler.status().passes
-    assert backend.shutdowns == 1
+    assert 1 == backend.shutdowns
     assert sampler.status().passes >= 5
 
 
 def test_readers_never_raise() -> None:
     """span_attributes / energy_j on a sampler with no data answer empty, not an exception."""
     sampler = GpuSampler(0.1, backend=RecordedBackend(), environ={"CUDA_VISIBLE_DEVICES": "0"})
-    assert sampler.span_attributes(0, 10**9) == {}
+    assert {} == sampler.span_attributes(0, 10**9)
     assert sampler.energy_j(0, 10**9) is None
     sampler.open()
-    assert sampler.span_attributes(0, 10**9) == {}
+    assert {} == sampler.span_attributes(0, 10**9)
     assert sampler.energy_j(0, 10**9) is None

@@ -47,10 +47,10 @@ def test_real_pynvml_without_library_reports_no_nvml_library_once(caplog: pytest
     assert (status.state, status.unavailable) == (SamplerState.UNAVAILABLE, Unavailable.NO_NVML_LIBRARY)
     assert "libnvidia-ml.so.1" in status.detail
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1
+    assert 1 == len(lines)
     assert "no_nvml_library" in lines[0] and "llmtrace.gpu.available=0" in lines[0]
     assert not first.available
-    assert first.span_attributes(0, 10**9) == {}
+    assert {} == first.span_attributes(0, 10**9)
 
 
 def test_missing_nvidia_ml_py_package_is_no_nvml_library(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +96,7 @@ def test_each_unavailable_case_is_named(
             assert not sampler.open()
     assert reason == sampler.status().unavailable.value  # type: ignore[union-attr]
     assert [reason] == [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records]
-    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert [logging.INFO] == [r.levelno for r in caplog.records]
     assert backend.inits == backend.shutdowns  # NVML released when there is nothing to sample
 
 
@@ -105,4 +105,4 @@ def test_required_gpu_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     backend = RecordedBackend(inventory(["GPU-aa"]))
     with caplog.at_level(logging.INFO, logger="llmtrace.gpu"):
         GpuSampler(backend=backend, environ={"CUDA_VISIBLE_DEVICES": ""}, unavailable_log_level=logging.WARNING).open()
-    assert [r.levelno for r in caplog.records] == [logging.WARNING]
+    assert [logging.WARNING] == [r.levelno for r in caplog.records]

@@ -56,11 +56,11 @@ def test_timeline_window_and_nearest() -> None:
     tl = Timeline(4)
     for t in (100, 200, 300, 400, 500, 600):
         tl.append(t)
-    assert tl.window(350, 550) == (3, 4)
-    assert tl.oldest == 2  # capacity 4: indices 2..5 retained
-    assert tl.window(0, 420) == (2, 3)  # clipped to what the ring still holds
-    assert tl.nearest(520) == 4
-    assert tl.nearest(10_000) == 5
+    assert (3, 4) == tl.window(350, 550)
+    assert 2 == tl.oldest  # capacity 4: indices 2..5 retained
+    assert (2, 3) == tl.window(0, 420)  # clipped to what the ring still holds
+    assert 4 == tl.nearest(520)
+    assert 5 == tl.nearest(10_000)
 
 
 def test_series_energy_interpolates_and_extrapolates_within_slack() -> None:
@@ -70,7 +70,7 @@ def test_series_energy_interpolates_and_extrapolates_within_slack() -> None:
     series.last_power_w = 100.0
     series.append(1_000, {}, {}, 0.0)
     series.append(2_000, {}, {}, 10.0)
-    assert series.energy_at(1_500, 0) == 5.0
+    assert 5.0 == series.energy_at(1_500, 0)
     assert abs(10.0 + 100.0 * 500 / 1e9 - (series.energy_at(2_500, 1_000) or 0)) < 1e-12
     assert series.energy_at(5_000, 1_000) is None
     assert series.energy_at(500, 1_000) is None

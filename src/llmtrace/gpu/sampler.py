@@ -27,12 +27,12 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
+from llmtrace.gpu import _process
+from llmtrace.gpu._process import get_sampler, start_sampler, stop_sampler
 from llmtrace.gpu._queries import QUERIES, SPAN_KEYS
 from llmtrace.gpu._state import (
     STALE_PERIODS,
@@ -112,7 +112,7 @@ class GpuSampler:
             raise ValueError("interval_s must be > 0")
         self.interval_s = float(interval_s)
         self._period_ns = int(interval_s * 1e9)
-        self._selection = devices
+        self.selection = devices  # as given: 'visible', 'all' or ordinals/ids
         self._backend: NvmlBackend = backend if backend is not None else PynvmlBackend()
         self._capacity = capacity
         self.restart_in_child = restart_in_child
@@ -121,7 +121,7 @@ class GpuSampler:
         self._clock = clock
         self._slow_every = max(1, slow_every)
         self._init_runtime_state()
-        _LIVE.add(self)
+        _process.register(self)
 
     def _init_runtime_state(self) -> None:
         """Everything a forked child must not inherit."""
@@ -185,7 +185,7 @@ class GpuSampler:
         self._nvml_ready = True
         try:
             count = self._backend.device_count()
-            found = resolve_devices(self._backend, self._selection, self._environ) if count else []
+            found = resolve_devices(self._backend, self.selection, self._environ) if count else []
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             self._release_nvml()
             return self._set_unavailable(Unavailable.NO_GPU, f"listing devices failed: {exc!r}")
@@ -391,7 +391,7 @@ class GpuSampler:
         try:
             self._backend.init()
             self._nvml_ready = True
-            fresh = {d.uuid: d for d in resolve_devices(self._backend, self._selection, self._environ)}
+            fresh = {d.uuid: d for d in resolve_devices(self._backend, self.selection, self._environ)}
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
             _log.warning("llmtrace GPU sampler could not re-open NVML after fork: %r", exc)
             self._state = SamplerState.STOPPED
@@ -486,85 +486,3 @@ class GpuSampler:
         else:
             self._state = SamplerState.STOPPED
             self._detail = "stopped in a forked child" if was_active else ""
-
-
-# ---------------------------------------------------------------------- fork hooks
-_LIVE: weakref.WeakSet[GpuSampler] = weakref.WeakSet()
-
-
-def _live() -> Iterator[GpuSampler]:
-    return iter(list(_LIVE))
-
-
-def _before_fork() -> None:
-    for sampler in _live():
-        with suppress(Exception):
-            sampler._before_fork()
-
-
-def _after_fork_parent() -> None:
-    for sampler in _live():
-        with suppress(Exception):
-            sampler._after_fork_parent()
-
-
-def _after_fork_child() -> None:
-    global _SINGLETON_LOCK, _SINGLETON
-    _SINGLETON_LOCK = threading.Lock()
-    for sampler in _live():
-        with suppress(Exception):
-            sampler._after_fork_child()
-    if _SINGLETON is not None and _SINGLETON._state not in (SamplerState.RUNNING, SamplerState.STARTING):
-        _SINGLETON = None
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child)
-
-
-# ---------------------------------------------------------------------- process singleton
-_SINGLETON: GpuSampler | None = None
-_SINGLETON_LOCK = threading.Lock()
-
-
-def get_sampler() -> GpuSampler | None:
-    """The process's sampler started by :func:`start_sampler` (``None`` if none, or in a
-    forked child that did not restart it)."""
-    return _SINGLETON
-
-
-def start_sampler(
-    interval_s: float = DEFAULT_INTERVAL_S,
-    devices: str | Sequence[int | str] = "visible",
-    *,
-    required: bool = False,
-    **options: object,
-) -> GpuSampler:
-    """Start (or return the running) process sampler. Options go to :class:`GpuSampler`.
-
-    ``required=True`` (``instrument(gpu="on")``) logs a missing GPU as a warning instead
-    of at INFO level.
-
-    Never raises because of the GPU: without one the sampler is returned in state
-    ``UNAVAILABLE`` after saying why once.
-    """
-    global _SINGLETON
-    with _SINGLETON_LOCK:
-        current = _SINGLETON
-        if current is not None:
-            same = current.interval_s == float(interval_s) and current._selection == devices
-            if same and current._state in (SamplerState.RUNNING, SamplerState.STARTING):
-                return current
-            current.stop()
-        options.setdefault("unavailable_log_level", logging.WARNING if required else logging.INFO)
-        sampler = GpuSampler(interval_s, devices, **options)  # type: ignore[arg-type]
-        _SINGLETON = sampler
-        return sampler.start()
-
-
-def stop_sampler() -> None:
-    """Stop and forget the process sampler (idempotent)."""
-    global _SINGLETON
-    with _SINGLETON_LOCK:
-        sampler, _SINGLETON = _SINGLETON, None
-    if sampler is not None:
-        sampler.stop()
