@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -77,9 +78,12 @@ def enable(settings: Settings, **options: Any) -> None:
                 continue
             instrumentor = _instrumentors.get(spec.name)
             if spec.name in _hooked:
-                # The hook already fired once (and will not again): re-patch directly.
+                # The hook already fired once (and will not again): re-patch directly —
+                # also when it fired while llmtrace was off and so created no instrumentor.
                 if instrumentor is not None:
                     instrumentor.instrument(**_options)
+                elif (module := sys.modules.get(spec.trigger)) is not None:
+                    _on_import(spec)(module)
                 continue
             _hooked.add(spec.name)
             wrapt.register_post_import_hook(_on_import(spec), spec.trigger)

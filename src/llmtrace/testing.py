@@ -134,16 +134,17 @@ def metric_points(reader: InMemoryMetricReader | None) -> dict[str, list[Any]]:
 
 
 @contextmanager
-def capture(**options: Any) -> Iterator[CapturedTelemetry]:
+def capture(*, instrument: bool = True, **options: Any) -> Iterator[CapturedTelemetry]:
     """Instrument with *options* (exporter ``none``), collect spans in memory, then uninstrument.
 
     If llmtrace was already instrumented, it is left as it was and *options* are ignored.
+    ``instrument=False`` only collects (to check that something is *not* traced).
     """
     import llmtrace
     from llmtrace import _instrument
 
     shared = _install()
-    owned = _instrument.current() is None
+    owned = instrument and _instrument.current() is None
     if owned:
         llmtrace.instrument(exporter="none", gpu=options.pop("gpu", "off"), **options)
     llmtrace.flush()

@@ -69,7 +69,7 @@ def _wait_for(captured: CapturedTelemetry, name: str, count: int, timeout_s: flo
         if len(found) >= count:
             return found
         time.sleep(0.05)
-    raise AssertionError(f"{count} {name} span(s) did not arrive")
+    raise AssertionError(f"{count} {name} span(s) did not arrive: {[s.name for s in captured.spans]}")
 
 
 def test_span_ttft_agrees_with_the_clients_ttft(served: tuple[str, CapturedTelemetry]) -> None:

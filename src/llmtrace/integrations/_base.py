@@ -37,9 +37,10 @@ class Patches:
         except (AttributeError, ImportError):
             warn_once(f"missing:{module}:{path}", "llmtrace: %s.%s not found; not tracing it", module, path)
             return False
-        if isinstance(original, wrapt.ObjectProxy):  # already wrapped (by us or by another tool)
-            if getattr(original, "_self_llmtrace", False):
-                return True
+        # Already wrapped by us. (Not ``isinstance(original, wrapt.ObjectProxy)``: with wrapt 2's
+        # C extension a FunctionWrapper is not an instance of the Python-level ObjectProxy.)
+        if getattr(original, "_self_llmtrace", False):
+            return True
         raw = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
         proxy = wrapt.FunctionWrapper(original, wrapper)
         proxy._self_llmtrace = True  # type: ignore[attr-defined]  # wrapt keeps _self_ attributes on the proxy

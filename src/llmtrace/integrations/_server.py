@@ -9,7 +9,6 @@ client goes away.
 from __future__ import annotations
 
 import contextvars
-from typing import Any
 
 from opentelemetry import trace
 
@@ -20,6 +19,9 @@ from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
 from llmtrace.lifecycle.scope import ServerScope, enter_scope, exit_scope
 
+_current_exchange: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
+    "llmtrace_exchange", default=None)
+
 #: Network integrations that are on; middleware left in a live app after
 #: ``uninstrument()`` checks it and passes calls straight through.
 ENABLED: set[str] = set()
@@ -28,7 +30,7 @@ ENABLED: set[str] = set()
 class Exchange:
     """The llmtrace side of one server call."""
 
-    __slots__ = ("_token", "complete", "scope", "span")
+    __slots__ = ("_exchange_token", "_token", "complete", "scope", "span")
 
     def __init__(self) -> None:
         self.span = trace.get_current_span()
@@ -38,13 +40,19 @@ class Exchange:
         self.scope = ServerScope(arrival_ns=arrival)
         self.complete = False
         self._token: contextvars.Token[ServerScope | None] | None = None
+        self._exchange_token: contextvars.Token[Exchange | None] | None = None
 
     def enter(self) -> None:
         self._token = enter_scope(self.scope)
+        self._exchange_token = _current_exchange.set(self)
 
     def exit(self) -> None:
-        if self._token is not None:
-            exit_scope(self._token)
+        if self._token is not None and self._exchange_token is not None:
+            try:
+                _current_exchange.reset(self._exchange_token)
+                exit_scope(self._token)
+            except ValueError:  # a generator finalised in another context: nothing to restore there
+                pass
             self._token = None
 
     @guarded("server.first_byte")
@@ -78,5 +86,6 @@ def _emit_later(scope: ServerScope) -> None:
         BUILDER.submit(lambda: emit_pending(scope))
 
 
-def current_exchange_span() -> Any:
-    return trace.get_current_span()
+def current_exchange() -> Exchange | None:
+    """The server call this code runs for (set by the network integration's middleware)."""
+    return _current_exchange.get()

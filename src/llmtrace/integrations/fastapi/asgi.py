@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from llmtrace._safety import guarded
 from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.integrations.fastapi import extractors
 
@@ -18,6 +19,16 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 INTEGRATION = "fastapi"
+
+
+@guarded("asgi.first_byte")
+def _first_byte(exchange: Exchange, start: Message | None, message: Message) -> None:
+    exchange.first_byte(extractors.is_streamed(start, message))
+
+
+@guarded("asgi.disconnect", default=False)
+def is_disconnect(error: BaseException) -> bool:
+    return extractors.is_disconnect(error)
 
 
 class ScopeMiddleware:
@@ -45,11 +56,11 @@ class ScopeMiddleware:
             if kind == "http.response.start":
                 start.append(message)
             elif kind == "http.response.body" and exchange.scope.first_byte_ns is None and message.get("body"):
-                exchange.first_byte(extractors.is_streamed(start[0] if start else None, message))
+                _first_byte(exchange, start[0] if start else None, message)
             try:
                 await send(message)
             except BaseException as exc:
-                if extractors.is_disconnect(exc):
+                if is_disconnect(exc):
                     exchange.disconnected(exc)
                 raise
             if kind == "http.response.body" and not message.get("more_body", False):
@@ -59,7 +70,7 @@ class ScopeMiddleware:
         try:
             await self.app(scope, traced_receive, traced_send)
         except BaseException as exc:
-            if extractors.is_disconnect(exc):
+            if is_disconnect(exc):
                 exchange.disconnected(exc)
             else:
                 exchange.finish(exc)

@@ -49,16 +49,19 @@ def _build_middleware_stack_wrapper(wrapped: Any, instance: Any, args: tuple[Any
 
 def _otel_middleware_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
                                   kwargs: dict[str, Any]) -> Any:
-    args, kwargs = _with_scope_middleware(wrapped, args, kwargs)
-    return wrapped(*args, **kwargs)
+    changed = _with_scope_middleware(wrapped, args, kwargs)
+    if changed is None:
+        return wrapped(*args, **kwargs)
+    return wrapped(*changed[0], **changed[1])
 
 
+@guarded("fastapi.middleware")
 def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     try:
         bound = inspect.signature(wrapped).bind(*args, **kwargs)
     except TypeError:
-        return args, kwargs  # the host's own mistake: let the library report it
+        return None  # the host's own mistake: let the library report it
     app = bound.arguments.get("app")
     if app is not None and not getattr(app, "_llmtrace_scope_middleware", False):
         bound.arguments["app"] = ScopeMiddleware(app)
