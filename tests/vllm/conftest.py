@@ -7,6 +7,7 @@ BPE tokenizer trained on the spot with ``tokenizers``; vLLM runs it with
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,9 @@ import pytest
 from tests.vllm import tiny_model as tiny_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
+#: Tests that run vLLM (in this process or a child) skip, saying why, where it is not installed.
+requires_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                   reason="vLLM is not installed: the vLLM adapter tests did not run")
 #: What each test drove for real, printed at the end of the run (pytest -ra shows skips and why).
 DRIVEN: list[str] = []
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from tests.vllm import trace_checks
-from tests.vllm.conftest import PYTHON, REPO, driven, subprocess_env
+from tests.vllm.conftest import PYTHON, REPO, driven, requires_vllm, subprocess_env
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 TIMEOUT_S = 400
 

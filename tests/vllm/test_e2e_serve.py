@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from tests.vllm import serve_driver, trace_checks
-from tests.vllm.conftest import driven, subprocess_env
+from tests.vllm.conftest import driven, requires_vllm, subprocess_env
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 SERVE_ARGS = ["--load-format", "dummy", "--max-model-len", "128", "--enforce-eager", "--block-size", "16",
               "--max-num-seqs", "8", "--distributed-executor-backend", "tests.vllm.fake_executor.FakeExecutor"]

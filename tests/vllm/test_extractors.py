@@ -10,9 +10,9 @@ import pytest
 
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
-from tests.vllm.conftest import driven
+from tests.vllm.conftest import driven, requires_vllm
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 PROMPT_LEN = 40
 

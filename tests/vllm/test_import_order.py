@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-from tests.vllm.conftest import PYTHON, REPO, subprocess_env
+from tests.vllm.conftest import PYTHON, REPO, requires_vllm, subprocess_env
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 CHECK = """
 import wrapt

@@ -11,9 +11,9 @@ import wrapt
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm.patch import VllmInstrumentor, check_targets
-from tests.vllm.conftest import driven
+from tests.vllm.conftest import driven, requires_vllm
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
 @pytest.mark.parametrize("target", C.TARGETS, ids=lambda t: f"{t.module}:{t.path}")

@@ -10,8 +10,9 @@ import wrapt
 
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm.patch import VllmInstrumentor
+from tests.vllm.conftest import requires_vllm
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
 def _raw(target: C.Target) -> Any:
