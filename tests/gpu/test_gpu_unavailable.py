@@ -106,3 +106,38 @@ def test_required_gpu_logs_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="llmtrace.gpu"):
         GpuSampler(backend=backend, environ={"CUDA_VISIBLE_DEVICES": ""}, unavailable_log_level=logging.WARNING).open()
     assert [logging.WARNING] == [r.levelno for r in caplog.records]
+
+
+def test_pynvml_errors_translate_to_the_seam_vocabulary() -> None:
+    """Real pynvml error classes map to QueryNotSupported / DeviceGone / QueryFailed."""
+    import pynvml
+
+    from llmtrace.gpu.backend import DeviceGone, QueryFailed, QueryNotSupported, _translate
+
+    cases = {
+        pynvml.NVML_ERROR_NOT_SUPPORTED: QueryNotSupported,
+        pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: QueryNotSupported,
+        pynvml.NVML_ERROR_NO_PERMISSION: QueryNotSupported,
+        pynvml.NVML_ERROR_GPU_IS_LOST: DeviceGone,
+        pynvml.NVML_ERROR_RESET_REQUIRED: DeviceGone,
+        pynvml.NVML_ERROR_UNKNOWN: QueryFailed,
+        pynvml.NVML_ERROR_TIMEOUT: QueryFailed,
+    }
+    for code, expected in cases.items():
+        assert expected is type(_translate(pynvml, pynvml.NVMLError(code)))
+
+
+def test_start_sampler_is_idempotent_and_replaces_on_new_settings() -> None:
+    """Same settings return the running singleton; a new interval stops it and starts another."""
+    backend = RecordedBackend()
+    env = {"CUDA_VISIBLE_DEVICES": "0"}
+    try:
+        first = start_sampler(0.05, backend=backend, environ=env)
+        assert first.wait_ready(5)
+        assert first is start_sampler(0.05, backend=backend, environ=env)
+        second = start_sampler(0.02, backend=backend, environ=env)
+        assert second is not first
+        assert SamplerState.STOPPED == first.status().state
+        assert second.wait_ready(5)
+    finally:
+        stop_sampler()

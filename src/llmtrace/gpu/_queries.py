@@ -1,8 +1,10 @@
 """What one NVML pass reads per device, and the OTel names and units each value gets.
 
 Each query is one backend call (two values for utilisation and memory). ``slow``
-queries run every ``slow_every``-th pass only: ``nvmlDeviceGetPcieThroughput`` samples
-the bus for ~20 ms inside the call, and the health counters change rarely.
+queries run every ``slow_every``-th pass only (1 Hz by default): ``nvmlDeviceGetPcieThroughput``
+samples the bus for ~20 ms inside the call; temperature moves on a scale of seconds; the
+memory clock, P-state and ECC counters change rarely. Between slow passes their last value
+stands (spans still aggregate them). Per pass and device: 6 NVML calls, 12 on a slow pass.
 """
 
 from __future__ import annotations
@@ -57,12 +59,18 @@ QUERIES: tuple[Query, ...] = (
     Query("memory", (HW_GPU_MEMORY_USAGE, HW_GPU_MEMORY_LIMIT), _memory),
     Query("power", (HW_GPU_POWER,), lambda b, h: {HW_GPU_POWER: b.power_mw(h) / 1000.0}),
     Query("energy", (HW_GPU_ENERGY,), lambda b, h: {HW_GPU_ENERGY: b.energy_mj(h) / 1000.0}),
-    Query("temperature", (HW_GPU_TEMPERATURE,), lambda b, h: {HW_GPU_TEMPERATURE: float(b.temperature_c(h))}),
+    Query(
+        "temperature",
+        (HW_GPU_TEMPERATURE,),
+        lambda b, h: {HW_GPU_TEMPERATURE: float(b.temperature_c(h))},
+        True,
+    ),
     Query("clock_sm", (HW_GPU_CLOCK_SM,), lambda b, h: {HW_GPU_CLOCK_SM: float(b.clock_sm_mhz(h))}),
     Query(
         "clock_memory",
         (HW_GPU_CLOCK_MEMORY,),
         lambda b, h: {HW_GPU_CLOCK_MEMORY: float(b.clock_memory_mhz(h))},
+        True,
     ),
     Query(
         "throttle_reasons",
