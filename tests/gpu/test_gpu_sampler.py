@@ -252,3 +252,31 @@ def test_readers_never_raise() -> None:
     sampler.open()
     assert {} == sampler.span_attributes(0, 10**9)
     assert sampler.energy_j(0, 10**9) is None
+
+
+def test_readers_concurrent_with_a_wrapping_ring_stay_consistent() -> None:
+    """While the thread samples every 1 ms into a 16-slot ring (wrapping and trimming
+    constantly), concurrent span_attributes/energy_j calls never raise and never return
+    values outside what the device reported."""
+    backend = RecordedBackend()
+    sampler = GpuSampler(0.001, backend=backend, environ={"CUDA_VISIBLE_DEVICES": "0"}, capacity=16)
+    max_power = max(_recorded(0, "power_mw", range(60))) / 1000
+    calls = 0
+    with sampler:
+        assert sampler.wait_ready(5)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            now = time.monotonic_ns()
+            attrs = sampler.span_attributes(now - 8_000_000, now)
+            energy = sampler.energy_j(now - 8_000_000, now)
+            calls += 1
+            if attrs:
+                assert "0" == attrs[HW_GPU_ID]
+                if HW_GPU_POWER in attrs:  # no sample inside the window: the nearest one
+                    assert 0 < float(attrs[HW_GPU_POWER]) <= max_power
+                else:
+                    assert 0 < float(attrs[HW_GPU_POWER + ".max"]) <= max_power
+                    assert float(attrs[HW_GPU_POWER + ".mean"]) <= float(attrs[HW_GPU_POWER + ".max"]) + 1e-9
+            assert energy is None or energy >= 0
+    assert calls > 100
+    assert sampler.status().passes > 16
