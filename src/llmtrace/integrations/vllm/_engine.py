@@ -156,34 +156,40 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
         step.add_phase("forward", pending.forward_start_ns or pending.schedule_end_ns, start_ns)
         step.add_phase("postprocess", start_ns, end_ns)
+    handles = state.handles
     for output in X.engine_outputs(result):
-        request_id = str(getattr(output, "request_id", ""))
-        handle = state.handles.get(request_id)
+        # Per request per step: keep this loop free of helper calls on the common (decode) path.
+        handle = handles.get(output.request_id)
         if handle is None:
             continue
-        tokens = len(getattr(output, "new_token_ids", None) or ())
-        first = tokens > 0 and not handle.token_ns
-        if tokens:
-            handle.token(tokens, start_ns)
-        reason = X.finish_reason(getattr(output, "finish_reason", None))
-        if reason is None:
-            if first:
+        token_ids = output.new_token_ids
+        first = not handle.token_ns
+        if token_ids:
+            handle.token(len(token_ids), start_ns)
+        if output.finish_reason is None:
+            if first and token_ids:
                 # Queue and prefill are known at the first token: send them now, so that a request
                 # the API server ends itself (a stop string) still gets them.
-                output.trace_headers = X.with_summary(getattr(output, "trace_headers", None),
+                output.trace_headers = X.with_summary(output.trace_headers,
                                                       X.first_token_summary(handle.summary()))
             continue
-        del state.handles[request_id]
-        if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
-            summary = state.tracker.aborted(request_id, reason=reason)
-        else:
-            summary = state.tracker.finished(request_id, reason)
-        output.trace_headers = X.with_summary(getattr(output, "trace_headers", None), summary)
+        _engine_finished_output(state, output)
     if step is not None:
         state.tracer.end_step(step)
     if not scheduler.has_requests():
         # The engine goes idle: close the window now, or its steps would wait for the next request.
         state.tracer.flush_window()
+
+
+def _engine_finished_output(state: _EngineState, output: Any) -> None:
+    request_id = output.request_id
+    del state.handles[request_id]
+    reason = X.finish_reason(output.finish_reason) or semconv.FINISH_STOP
+    if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+        summary = state.tracker.aborted(request_id, reason=reason)
+    else:
+        summary = state.tracker.finished(request_id, reason)
+    output.trace_headers = X.with_summary(output.trace_headers, summary)
 
 
 def update_from_output_wrapper(positions: dict[str, int]) -> Wrapper:

@@ -119,36 +119,33 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
     prefill), else decoding. *prompt_lengths* maps a request id to the
     scheduler's ``Request`` (or to a prompt length).
     """
+    # Called once per engine step: a tight loop over the batch, no per-request helper calls.
     scheduled: Mapping[str, int] = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     new_reqs = getattr(scheduler_output, "scheduled_new_reqs", None) or ()
-    new_ids = {getattr(r, "req_id", None) for r in new_reqs}
+    prefill = 0
+    new_ids: set[str] = set()
+    for new in new_reqs:
+        new_id: str = getattr(new, "req_id", "")
+        new_ids.add(new_id)
+        prefill += int(scheduled.get(new_id, 0))
     cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
-    computed = dict(zip(getattr(cached, "req_ids", None) or (),
-                        getattr(cached, "num_computed_tokens", None) or (), strict=False))
-    prefill = decode = 0
-    for request_id, count in scheduled.items():
-        n = int(count)
-        if request_id in new_ids:
-            prefill += n
+    decode = 0
+    for request_id, done in zip(getattr(cached, "req_ids", None) or (),
+                                getattr(cached, "num_computed_tokens", None) or (), strict=False):
+        n = scheduled.get(request_id)
+        if n is None or request_id in new_ids:
             continue
-        prompt_len = _prompt_length(prompt_lengths.get(request_id))
-        done = computed.get(request_id)
-        if prompt_len is not None and done is not None and int(done) < prompt_len:
-            prefill += min(n, prompt_len - int(done))
-            decode += max(0, n - (prompt_len - int(done)))
+        entry = prompt_lengths.get(request_id)
+        prompt_len = entry if isinstance(entry, int) else getattr(entry, "num_prompt_tokens", None)
+        if isinstance(prompt_len, int) and done < prompt_len:
+            prefill += min(n, prompt_len - done)
+            decode += max(0, n - (prompt_len - done))
         else:
             decode += n
     preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
     total = _number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
     return BatchInfo(tuple(scheduled), prefill, decode, tuple(sorted(preempted)),
                      total if total is not None else prefill + decode)
-
-
-def _prompt_length(value: Any) -> int | None:
-    if isinstance(value, int):
-        return value
-    length: int | None = _number(getattr(value, "num_prompt_tokens", None), int)
-    return length
 
 
 def kv_cache_usage(value: Any) -> float | None:
