@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import logging
 import threading
 import time
@@ -110,8 +111,6 @@ def instrument(**options: Any) -> Instrumentation:
 
 
 def _env_explicit() -> bool:
-    import os
-
     return bool(os.environ.get("LLMTRACE_EXPORTER") or os.environ.get("LLMTRACE_ENDPOINT"))
 
 
@@ -175,3 +174,15 @@ def _at_exit() -> None:
 
 def current() -> Instrumentation | None:
     return _handle
+
+
+def _after_fork_in_child() -> None:
+    # A forked worker inherits the parent's handle, but not its threads (the GPU sampler
+    # stays off in the child). Forget the handle so that instrument() in the child runs
+    # again — reusing the inherited providers, whose batch workers OTel restarts itself.
+    global _handle
+    _handle = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -80,3 +80,4 @@ def test_configuration_doc_lists_every_option() -> None:
     text = DOCS.read_text()
     assert markdown_table() in text
     assert set(re.findall(r"`(LLMTRACE_[A-Z_]+)`", text)) >= {o.env for o in OPTIONS}
+
