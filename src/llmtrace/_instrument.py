@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
