@@ -41,6 +41,14 @@ def test_every_finished_request_has_queue_prefill_decode(loaded_run: Run) -> Non
         assert {semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= names
 
 
+def test_request_span_is_a_child_of_the_http_server_span(loaded_run: Run) -> None:
+    """With instrument() before the app is built, FastAPI's SERVER span is llm.request's parent."""
+    for request in loaded_run.named(semconv.SPAN_REQUEST):
+        parent = loaded_run.by_id[request.parent_id or ""]
+        assert "SERVER" == parent.kind.name
+        assert "POST /v1/completions" == parent.name
+
+
 def test_engine_phase_spans_come_from_the_engine_process(loaded_run: Run) -> None:
     """Queue/prefill/decode are emitted by the engine process into the API server's trace."""
     for span in loaded_run.named(semconv.SPAN_PREFILL):
