@@ -16,6 +16,7 @@ read once from the returned tensor, after ``generate()`` returned.
 from __future__ import annotations
 
 import contextvars
+import functools
 import inspect
 from contextlib import AbstractContextManager
 from typing import Any
@@ -71,9 +72,7 @@ def _carried_context(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     """The handler's context carried by a streamer, when generate() runs in a bare thread."""
     if current_request() is not None or current_scope() is not None or trace.get_current_span().is_recording():
         return None
-    streamer = kwargs.get("streamer")
-    if streamer is None:
-        streamer = _bind(wrapped, args, kwargs).get("streamer")
+    streamer = kwargs.get("streamer")  # passed by keyword in practice (it is generate()'s 8th parameter)
     carried = getattr(streamer, _constants.STREAMER_CONTEXT_ATTR, None)
     return carried.copy() if isinstance(carried, contextvars.Context) else None
 
@@ -99,12 +98,24 @@ def _traced_generate(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs:
         _in_generate.reset(token)
 
 
+@functools.lru_cache(maxsize=64)
+def _signature(function: Any) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def _bind(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    bound = inspect.signature(wrapped).bind_partial(*args, **kwargs)
+    # Bound methods are new objects per call: cache on the function underneath.
+    bound = _signature(getattr(wrapped, "__func__", wrapped)).bind_partial(*_self_args(wrapped), *args, **kwargs)
     arguments = dict(bound.arguments)
+    arguments.pop("self", None)
     extra = arguments.pop("kwargs", None) or {}
     arguments.update(extra)
     return arguments
+
+
+def _self_args(wrapped: Any) -> tuple[Any, ...]:
+    owner = getattr(wrapped, "__self__", None)
+    return (owner,) if owner is not None and hasattr(wrapped, "__func__") else ()
 
 
 @guarded("transformers.generate.begin")
