@@ -163,3 +163,26 @@ def test_content_capture_is_off_by_default_and_truncated_when_on(tiny_model: Any
     assert prompt[:9] == first.attributes[semconv.GEN_AI_PROMPT]
     assert "a long co" == first.attributes[semconv.GEN_AI_COMPLETION]
     assert len(second.attributes[semconv.GEN_AI_COMPLETION]) <= 9
+
+
+def test_request_scope_survives_asyncio_to_thread_and_executors(tiny_model: Any, tiny_tokenizer: Any,
+                                                                capture_spans: Any) -> None:
+    """asyncio.to_thread copies the context; an executor gets it with contextvars.copy_context().run."""
+    import asyncio
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = tiny_tokenizer("hello", return_tensors="pt")
+    kwargs = dict(**enc, max_new_tokens=2, min_new_tokens=2, do_sample=False)
+
+    async def handler() -> None:
+        with trace.get_tracer("test").start_as_current_span("async-handler"):
+            await asyncio.to_thread(tiny_model.generate, **kwargs)
+
+    with capture_spans() as captured:
+        asyncio.run(handler())
+        with trace.get_tracer("test").start_as_current_span("pool-handler"), ThreadPoolExecutor(1) as pool:
+            ctx = contextvars.copy_context()
+            pool.submit(ctx.run, tiny_model.generate, **kwargs).result()
+    for parent in ("async-handler", "pool-handler"):
+        assert 1 == len(captured.children(captured.one(parent), semconv.SPAN_REQUEST)), parent

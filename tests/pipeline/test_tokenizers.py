@@ -89,3 +89,19 @@ def test_tokenizer_error_propagates_and_marks_the_span(tiny_tokenizer: Any, capt
         raw.encode(12345)
     span = captured.one(semconv.SPAN_TOKENIZE)
     assert trace.StatusCode.ERROR == span.status.status_code
+
+
+def test_slow_python_tokenizer_is_traced_once_per_call(capture_spans: Any) -> None:
+    """A slow (PythonBackend) tokenizer — ByT5, which needs no vocabulary file — gives one span per call."""
+    from transformers import ByT5Tokenizer
+    from transformers.tokenization_python import PythonBackend
+
+    tokenizer = ByT5Tokenizer()
+    assert isinstance(tokenizer, PythonBackend)
+    with capture_spans() as captured, trace.get_tracer("test").start_as_current_span("work"):
+        ids = tokenizer("hello")["input_ids"]
+        tokenizer.decode(ids)
+    assert [len(ids)] == [s.attributes[semconv.LLM_TOKENIZE_TOKENS] for s in captured.named(semconv.SPAN_TOKENIZE)]
+    assert [len(ids)] == [s.attributes[semconv.LLM_DETOKENIZE_TOKENS]
+                          for s in captured.named(semconv.SPAN_DETOKENIZE)]
+    assert "ByT5Tokenizer" == captured.one(semconv.SPAN_TOKENIZE).attributes[semconv.LLM_TOKENIZER_CLASS]
