@@ -102,6 +102,7 @@ def _stream_one(base: str, body: dict[str, Any], burst: Burst, lock: threading.L
                                      headers={"Content-Type": "application/json"})
     start = time.monotonic()
     chunks = 0
+    usage_tokens: int | None = None
     first: float | None = None
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
@@ -110,6 +111,8 @@ def _stream_one(base: str, body: dict[str, Any], burst: Burst, lock: threading.L
                 if not line.startswith("data:") or line == "data: [DONE]":
                     continue
                 payload = json.loads(line[5:])
+                if payload.get("usage"):  # the last chunk, with stream_options.include_usage
+                    usage_tokens = int(payload["usage"].get("completion_tokens") or 0)
                 if payload.get("choices") and payload["choices"][0].get("text") is not None:
                     chunks += 1
                     first = first if first is not None else time.monotonic() - start
@@ -121,7 +124,8 @@ def _stream_one(base: str, body: dict[str, Any], burst: Burst, lock: threading.L
         return
     with lock:
         burst.completed += 1
-        burst.tokens += chunks
+        # Chunks undercount when the server coalesces tokens; the usage record does not.
+        burst.tokens += usage_tokens if usage_tokens is not None else chunks
         if first is not None:
             burst.ttft_s.append(first)
 
@@ -135,7 +139,7 @@ def burst(server: Server, *, requests: int, max_tokens: int, prompt: str = "hell
 
     def run(index: int) -> None:
         body = {"model": "tiny", "prompt": f"{prompt} {index}", "max_tokens": max_tokens, "stream": True,
-                "temperature": 0.0, "ignore_eos": True}
+                "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True}
         with semaphore:
             _stream_one(server.base, body, result, lock, 2 if index < abort_first else 0)
 
