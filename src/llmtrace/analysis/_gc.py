@@ -21,4 +21,18 @@ def paused_gc() -> Iterator[None]:
         yield
     finally:
         if was_enabled:
+            _promote_young()
             gc.enable()
+
+
+def _promote_young() -> None:
+    """Move everything allocated during the pause straight to the oldest generation.
+
+    Re-enabled as is, the collector's first young collection would walk every object built
+    in the pause (a million spans: ~0.1 µs each, up to 10% of a run) only to find them all
+    alive. ``freeze()`` + ``unfreeze()`` splices the generation lists instead (O(1)); the
+    objects are still collected normally by the next full collection. Skipped when the
+    process has frozen objects itself (``unfreeze`` would thaw them)."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()

@@ -190,6 +190,8 @@ def features(
 def _step_preemptions(steps: Sequence[StepView], requests: Sequence[RequestView] = ()) -> float:
     """Preemptions per request from step attributes: requests are counted by their links."""
     total = sum(s.preempted for s in steps)
+    if not total:
+        return 0.0  # 0 / linked either way; skips collecting every link of every step
     linked = len({link.span_id for s in steps for link in s.step.links})
     return total / linked if linked else 0.0
 

@@ -31,6 +31,7 @@ from llmtrace.analysis.model import (
 )
 
 _new_step = fast_constructor(StepView)
+_FORWARD = sc.SPAN_FORWARD
 _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
 _VIEW_SPANS = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE))
@@ -41,12 +42,19 @@ def _domain(span: Span) -> tuple[Any, ...]:
     return (span.service, r.get("host.name"), r.get("process.pid"))
 
 
-def adjust_clock_skew(spans: list[Span]) -> list[Span]:
-    """Return ``spans`` with cross-process children shifted into their parents (see module doc)."""
+def _one_domain(spans: Iterable[Span]) -> bool:
+    """Whether every span comes from one process (one service, host and pid)."""
     if len({s.service for s in spans}) <= 1:
         resources = {id(s.resource): s.resource for s in spans}.values()
         if len({(r.get("host.name"), r.get("process.pid")) for r in resources}) <= 1:
-            return spans
+            return True
+    return False
+
+
+def adjust_clock_skew(spans: list[Span]) -> list[Span]:
+    """Return ``spans`` with cross-process children shifted into their parents (see module doc)."""
+    if _one_domain(spans):
+        return spans
     by_id = {s.span_id: s for s in spans}
     kids: dict[str, list[Span]] = {}
     for s in spans:
@@ -80,20 +88,29 @@ def group_traces(spans: Iterable[Span], *, skew: bool = True) -> tuple[list[Trac
     """Group spans by trace id, de-duplicate, adjust skew; also return the duplicate count."""
     groups: dict[str, dict[str, Span]] = {}
     dupes = 0
+    spans = spans if isinstance(spans, list | tuple) else list(spans)
     for s in spans:
         g = groups.get(s.trace_id)
+        sid = s.span_id
         if g is None:
-            groups[s.trace_id] = {s.span_id: s}
-        elif s.span_id in g:
+            groups[s.trace_id] = {sid: s}
+        elif sid in g:
             dupes += 1
         else:
-            g[s.span_id] = s
+            g[sid] = s
+    # One process wrote everything (the common case): no trace can need a skew repair,
+    # so the per-trace check is skipped.
+    skew = skew and not _one_domain(spans)
+    build = Trace.build
     traces = []
     for tid, g in groups.items():
         members = list(g.values())
         if skew and len(members) > 1:
-            members = adjust_clock_skew(members)
-        traces.append(Trace.build(tid, members))
+            adjusted = adjust_clock_skew(members)
+            if adjusted is not members:
+                traces.append(build(tid, adjusted))
+                continue
+        traces.append(build(tid, members, g))
     return traces, dupes
 
 
@@ -172,24 +189,36 @@ def _engine_of(trace: Trace, span: Span) -> str:
 
 def _step_view(trace: Trace, span: Span) -> StepView:
     forwards, host = [], []
-    for child in trace.children_of(span):
-        if child.name == sc.SPAN_FORWARD:
+    for child in trace.children.get(span.span_id, ()):
+        name = child.name
+        if name == _FORWARD:
             forwards.append(child)
-        elif child.name in _HOST_STEP_CHILDREN:
+        elif name in _HOST_STEP_CHILDREN:
             host.append(child)
-    a = span.attributes
+    get: Any = span.attributes.get
+    # _num inlined for the plain int/float values every parsed span carries.
+    bs: Any = get(sc.LLM_BATCH_SIZE)
+    wt: Any = get(sc.LLM_QUEUE_WAITING)
+    rn: Any = get(sc.LLM_QUEUE_RUNNING)
+    kv: Any = get(sc.LLM_KV_CACHE_USAGE)
+    pe: Any = get(sc.LLM_PREEMPTED)
+    eid = get(sc.LLM_ENGINE_ID)
+    sid = get(sc.LLM_STEP_ID)
     return _new_step(
         span,
-        _engine_of(trace, span),
-        _int(a.get(sc.LLM_STEP_ID)),
+        str(eid) if eid is not None else _engine_of(trace, span),
+        sid if sid.__class__ is int else _int(sid),
         tuple(forwards),
         tuple(host),
-        _num(a.get(sc.LLM_BATCH_SIZE), 0.0),
-        _num(a.get(sc.LLM_QUEUE_WAITING), 0.0),
-        _num(a.get(sc.LLM_QUEUE_RUNNING), 0.0),
-        _num(a.get(sc.LLM_KV_CACHE_USAGE), -1.0),
-        _num(a.get(sc.LLM_PREEMPTED), 0.0),
+        float(bs) if bs.__class__ in _PLAIN_NUM else _num(bs, 0.0),
+        float(wt) if wt.__class__ in _PLAIN_NUM else _num(wt, 0.0),
+        float(rn) if rn.__class__ in _PLAIN_NUM else _num(rn, 0.0),
+        float(kv) if kv.__class__ in _PLAIN_NUM else _num(kv, -1.0),
+        float(pe) if pe.__class__ in _PLAIN_NUM else _num(pe, 0.0),
     )
+
+
+_PLAIN_NUM: frozenset[Any] = frozenset((int, float))
 
 
 def _num(value: Any, default: float) -> float:

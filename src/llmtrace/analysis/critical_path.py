@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from llmtrace.analysis.model import Span, Trace
+from llmtrace.analysis.model import Span, Trace, fast_constructor
 from llmtrace.analysis.stats import pcts
 
 
@@ -45,6 +45,9 @@ class Section:
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+
+_new_section = fast_constructor(Section)
 
 
 def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
@@ -77,17 +80,17 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
                 chosen = k
                 break
         cursor[0] = i
-        stack = tuple(f[0].name for f in frames)
+        stack = tuple([f[0].name for f in frames])
         if chosen is not None:
             cs, ce, child = chosen
             cut = min(ce, end)
             if cut < end:
-                sections.append(Section(span, cut, end, stack))
+                sections.append(_new_section(span, cut, end, stack))
             frames.append((child, cs, cut, _clipped_children(trace, child, cs, cut), [0]))
             returning = cut
         else:
             if lo < end:
-                sections.append(Section(span, lo, end, stack))
+                sections.append(_new_section(span, lo, end, stack))
             frames.pop()
             returning = lo
     return sections

@@ -20,6 +20,7 @@ to do". The first is lost throughput; the second is just a quiet server.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -150,17 +151,21 @@ def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int],
     One sweep over every host interval's start/end events; where causes overlap the one
     earliest in :data:`CAUSES` wins (a gc pause inside a postprocess span is gc time).
     """
+    # Each event is one int, ``pos << 4 | is_start << 3 | cause``: ints sort in C several
+    # times faster than (pos, delta, cause) tuples, in exactly the same order (ends before
+    # starts at the same instant, then by cause).
     index = {c: i for i, c in enumerate(CAUSES)}
-    events: list[tuple[int, int, int]] = []
-    for g in engine.gc:
-        events += ((g.start_ns, 1, 0), (g.end_ns, -1, 0))
+    events: list[int] = [g.start_ns << 4 | 8 for g in engine.gc]
+    events += [g.end_ns << 4 for g in engine.gc]
+    host_ci = {name: index[cause] for name, cause in _STEP_HOST_CAUSE.items()}
     for st in engine.steps:
         for h in st.host:
-            ci = index[_STEP_HOST_CAUSE[h.name]]
-            events += ((h.start_ns, 1, ci), (h.end_ns, -1, ci))
+            ci = host_ci[h.name]
+            events.append(h.start_ns << 4 | 8 | ci)
+            events.append(h.end_ns << 4 | ci)
     tok = index["tokenize"]
-    for t in tokenize:
-        events += ((t.start_ns, 1, tok), (t.end_ns, -1, tok))
+    events += [t.start_ns << 4 | 8 | tok for t in tokenize]
+    events += [t.end_ns << 4 | tok for t in tokenize]
     events.sort()
     # counts per cause, and a bitmask of the causes active now: the lowest set bit is the
     # highest-priority activity, found without scanning the counts at every event.
@@ -169,8 +174,9 @@ def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int],
     starts: list[int] = []
     ends: list[int] = []
     causes: list[int] = []
-    prev = events[0][0] if events else 0
-    for pos, delta, ci in events:
+    prev = events[0] >> 4 if events else 0
+    for ev in events:
+        pos = ev >> 4
         if pos > prev and mask:
             active = (mask & -mask).bit_length() - 1
             if causes and causes[-1] == active and ends[-1] == prev:
@@ -179,7 +185,8 @@ def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int],
                 starts.append(prev)
                 ends.append(pos)
                 causes.append(active)
-        n = counts[ci] + delta
+        ci = ev & 7
+        n = counts[ci] + (1 if ev & 8 else -1)
         counts[ci] = n
         if n > 0:
             mask |= 1 << ci
@@ -220,18 +227,24 @@ def _classify_all(
     n, nw = len(starts), len(work)
     out = []
     j = w = 0
+    ncause = len(CAUSES)
+    names = CAUSES
     for a, b in raw:
         while j < n and ends[j] <= a:
             j += 1
-        per = [0] * len(CAUSES)
         k = j
-        while k < n and starts[k] < b:
-            s, e = starts[k], ends[k]
-            ov = (e if e < b else b) - (s if s > a else a)
-            if ov > 0:
-                per[causes[k]] += ov
-            k += 1
-        per[-1] = (b - a) - sum(per)  # "other": what no host span explains
+        if k < n and starts[k] < b:
+            per = [0] * ncause
+            while k < n and starts[k] < b:
+                s, e = starts[k], ends[k]
+                ov = (e if e < b else b) - (s if s > a else a)
+                if ov > 0:
+                    per[causes[k]] += ov
+                k += 1
+            per[-1] = (b - a) - sum(per)  # "other": what no host span explains
+            split = tuple([(names[i], ns) for i, ns in enumerate(per) if ns])
+        else:
+            split = (("other", b - a),) if b != a else ()
         while w < nw and work[w][1] <= a:
             w += 1
         ww = 0
@@ -242,8 +255,11 @@ def _classify_all(
             if ov > 0:
                 ww += ov
             k += 1
-        out.append(Gap(engine_id, a, b, tuple((CAUSES[i], ns) for i, ns in enumerate(per) if ns), ww))
+        out.append(_new_gap(Gap, (engine_id, a, b, split, ww)))
     return out
+
+
+_new_gap = tuple.__new__
 
 
 def iter_gaps(
@@ -263,15 +279,18 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     """Measure and classify the idle gaps of one engine."""
     segs, found = iter_gaps(engine, requests, tokenize)
     by_cause = dict.fromkeys(CAUSES, 0)
-    idle = with_work = 0
+    with_work = 0
     for g in found:
-        idle += g.duration_ns
         with_work += g.work_waiting_ns
         for cause, ns in g.causes:
             by_cause[cause] += ns
+    durations = [g.end_ns - g.start_ns for g in found]
+    idle = sum(durations)
     covered = sum(b - a for a, b in segs)
-    q = pcts([g.duration_ns for g in found], (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
-    top = tuple(sorted(found, key=lambda g: (-g.duration_ns, g.start_ns))[:TOP_GAPS])
+    q = pcts(durations, (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
+    # The 20 longest, ties by start: one pass with a heap instead of sorting every gap.
+    ranked = zip([-d for d in durations], [g.start_ns for g in found], found, strict=True)
+    top = tuple(g for _, _, g in heapq.nsmallest(TOP_GAPS, ranked))
     return EngineIdle(
         engine.engine_id,
         covered,

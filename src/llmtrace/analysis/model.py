@@ -92,12 +92,17 @@ class Span:
 # most of the analyzer's per-span budget (docs/analysis.md, "Performance"). The hot paths
 # build objects through a mutable twin with the identical slot layout and then retag them
 # as the frozen class — from then on they are ordinary frozen instances. 1.1 µs.
+def builder_class(cls: type[Any]) -> Any:
+    """The mutable twin of the frozen slots dataclass ``cls``: same slots, plain ``__init__``.
+    ``obj = twin(*fields); obj.__class__ = cls`` makes a frozen ``cls`` instance (the parse
+    loop inlines this to save a call per span)."""
+    return dataclass(slots=True)(type(f"_{cls.__name__}Builder", (), {"__annotations__": dict(cls.__annotations__)}))
+
+
 def fast_constructor(cls: type[_F]) -> Callable[..., _F]:
     """A positional constructor for the frozen slots dataclass ``cls`` that skips the
     frozen ``__setattr__`` (all fields must be passed, in declaration order)."""
-    twin: Any = dataclass(slots=True)(
-        type(f"_{cls.__name__}Builder", (), {"__annotations__": dict(cls.__annotations__)})
-    )
+    twin = builder_class(cls)
 
     def make(*args: Any) -> _F:
         obj = twin(*args)
@@ -109,6 +114,7 @@ def fast_constructor(cls: type[_F]) -> Callable[..., _F]:
 
 
 new_span: Callable[..., Span] = fast_constructor(Span)
+SpanBuilder: Any = builder_class(Span)
 
 
 _START = attrgetter("start_ns")
@@ -125,19 +131,28 @@ class Trace:
     roots: tuple[Span, ...]
 
     @classmethod
-    def build(cls, trace_id: str, spans: Iterable[Span]) -> Trace:
-        """Index ``spans``; a span whose parent is absent (an orphan) becomes a root."""
+    def build(cls, trace_id: str, spans: Iterable[Span], by_id: dict[str, Span] | None = None) -> Trace:
+        """Index ``spans``; a span whose parent is absent (an orphan) becomes a root.
+
+        ``by_id``, when given, must map every span id of ``spans`` to its span (the
+        grouping pass has built it already)."""
         ordered = tuple(sorted(spans, key=_START))
-        by_id = {s.span_id: s for s in ordered}
+        if by_id is None:
+            by_id = {s.span_id: s for s in ordered}
         kids: dict[str, list[Span]] = {}
         roots = []
         for s in ordered:
-            if s.parent_id is not None and s.parent_id in by_id and s.parent_id != s.span_id:
-                kids.setdefault(s.parent_id, []).append(s)
+            p = s.parent_id
+            if p is not None and p in by_id and p != s.span_id:
+                lst = kids.get(p)
+                if lst is None:
+                    kids[p] = [s]
+                else:
+                    lst.append(s)
             else:
                 roots.append(s)
         children = {k: tuple(v) for k, v in kids.items()}
-        return cls(trace_id, ordered, by_id, children, tuple(roots))
+        return _new_trace(trace_id, ordered, by_id, children, tuple(roots))
 
     def children_of(self, span: Span) -> tuple[Span, ...]:
         return self.children.get(span.span_id, ())
@@ -146,6 +161,9 @@ class Trace:
     def orphans(self) -> tuple[Span, ...]:
         """Roots that name a parent the trace does not contain (a missing parent)."""
         return tuple(s for s in self.roots if s.parent_id is not None)
+
+
+_new_trace: Callable[..., Trace] = fast_constructor(Trace)
 
 
 @dataclass(frozen=True, slots=True)

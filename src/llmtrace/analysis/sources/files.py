@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import sys
 import zlib
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from typing import Any, BinaryIO
 
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
+from llmtrace.analysis.sources import otlp_typed
 from llmtrace.analysis.sources._json import DecodeErrors, error_position, loads, short_message
 from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
 from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
@@ -73,6 +75,13 @@ def spans_from_document(doc: Any, *, source: str, position: str, intern: Interne
     raise SourceError(source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position)
 
 
+def use_typed_decoder() -> bool:
+    """Whether OTLP lines go through the typed msgspec decoder (when it is installed).
+
+    ``LLMTRACE_ANALYSIS_DECODER=generic`` forces the generic dict path (tests compare both)."""
+    return os.environ.get("LLMTRACE_ANALYSIS_DECODER", "") != "generic"
+
+
 def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
     """Return (decoded stream, raw stream for progress, raw size)."""
     if path == "-":
@@ -81,8 +90,6 @@ def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
     else:
         raw = open(path, "rb")  # noqa: SIM115 - closed by the caller's finally
         try:
-            import os
-
             size = os.fstat(raw.fileno()).st_size
         except OSError:
             size = 0
@@ -165,8 +172,21 @@ def _iter_lines(
 ) -> Iterator[list[Span]]:
     yield spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
     tick = 0
+    # The typed msgspec decoder reads OTLP lines straight into spans; a line it declines
+    # (anything but plain OTLP traces, or input to report an error on) takes the generic
+    # path below, which yields the same spans and raises the same errors.
+    fast = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and use_typed_decoder() else None
     for line in stream:
         lineno += 1
+        if fast is not None:
+            spans = fast(line, intern)
+            if spans is not None:
+                stats.documents += 1
+                yield spans
+                tick += 1
+                if progress is not None and tick % 64 == 0:
+                    progress(raw.tell() if size else 0, size)
+                continue
         if not line.strip():
             continue
         try:

@@ -1,0 +1,155 @@
+"""The typed msgspec decoder (sources/otlp_typed.py) against the generic dict path.
+
+The fast path must give the very same spans, warnings and errors as the generic one; every
+line it declines goes through the generic path. Both are exercised here, and the generic
+path alone (no msgspec installed) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmtrace.analysis import analyze, build_traceset, to_json
+from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis.errors import SourceError
+from llmtrace.analysis.sources import load_spans, otlp_typed
+from llmtrace.analysis.sources.otlp import Interner
+from tests.analysis.test_sources import PID, TID, doc, otlp_span, write_lines
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "analysis"
+pytestmark = pytest.mark.skipif(not otlp_typed.AVAILABLE, reason="msgspec not installed")
+
+
+def _both(path: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    typed = load_spans(path)
+    monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", "generic")
+    generic = load_spans(path)
+    monkeypatch.delenv("LLMTRACE_ANALYSIS_DECODER")
+    return typed, generic
+
+
+def _same(a: Any, b: Any) -> None:
+    assert a.warnings == b.warnings
+    assert repr(a.spans) == repr(b.spans)  # repr: NaN attribute values compare unequal
+    for x, y in zip(a.spans, b.spans, strict=True):
+        assert (type(x.kind), type(x.status), type(x.resource)) == (type(y.kind), type(y.status), type(y.resource))
+        assert [(k, type(v)) for k, v in x.attributes.items()] == [(k, type(v)) for k, v in y.attributes.items()]
+
+
+def _edge_lines() -> list[Any]:
+    b64 = base64.b64encode(bytes.fromhex(TID)).decode()
+    kv = {"values": [{"key": "a", "value": {"intValue": 1}}]}
+    return [
+        doc(otlp_span(spanId="1111111111111111")),  # line 1 is always read by the generic path
+        doc(otlp_span(spanId="2222222222222222", kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_OK"})),
+        doc(otlp_span(spanId="3333333333333333", traceId=b64)),  # base64 id: generic path
+        doc(otlp_span(spanId="4444444444444444", kind=9)),  # unknown kind: generic path, warning
+        doc(
+            otlp_span(
+                spanId="5555555555555555",
+                parentSpanId="",
+                status={},
+                links=[],
+                startTimeUnixNano=1700000000000000000,
+                attributes=[
+                    {"key": "n", "value": {"intValue": 7}},
+                    {"key": "nan", "value": {"doubleValue": "NaN"}},
+                    {"key": "inf", "value": {"doubleValue": "-Infinity"}},
+                    {"key": "d", "value": {"doubleValue": 3}},
+                    {"key": "b", "value": {"boolValue": False}},
+                    {"key": "bytes", "value": {"bytesValue": "AAE="}},
+                    {"key": "kv", "value": {"kvlistValue": kv}},
+                    {"key": "empty", "value": {}},
+                    {"key": "long", "value": {"stringValue": "x" * 100}},
+                    {"key": "unknown", "value": {"fooValue": 1, "intValue": "3"}},
+                ],
+            )
+        ),
+        {"resourceMetrics": []},
+        {"resourceSpans": [{"resource": {}, "instrumentationLibrarySpans": [{"spans": [otlp_span(spanId=PID)]}]}]},
+        {"resourceSpans": None},
+        doc(otlp_span(spanId="6666666666666666", attributes=None, links=None, status=None)),
+        doc(otlp_span(spanId="7777777777777777"), service="engine"),
+    ]
+
+
+def test_typed_and_generic_paths_read_the_same_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_lines(tmp_path / "edge.jsonl", _edge_lines())
+    typed, generic = _both(path, monkeypatch)
+    _same(typed, generic)
+    assert len(typed.spans) == 8
+    assert any("unknown span kind" in w for w in typed.warnings)
+
+
+def test_typed_path_takes_plain_otlp_lines_and_declines_the_rest() -> None:
+    intern = Interner()
+    lines = [json.dumps(d).encode() for d in _edge_lines()]
+    taken = [otlp_typed.spans_from_line(line, intern) is not None for line in lines]
+    assert taken == [True, True, False, False, True, False, True, True, True, True]
+    assert otlp_typed.spans_from_line(b"{not json", intern) is None
+    assert otlp_typed.spans_from_line(json.dumps(doc(otlp_span(endTimeUnixNano="1"))).encode(), intern) is None
+
+
+@pytest.mark.parametrize("name", ["sim_small.jsonl.gz", "reference_server.jsonl.gz"])
+def test_fixtures_read_the_same_both_ways(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    typed, generic = _both(str(FIXTURES / name), monkeypatch)
+    _same(typed, generic)
+    a = to_json(analyze(build_traceset(typed.spans, warnings=typed.warnings)), include_views=True)
+    b = to_json(analyze(build_traceset(generic.spans, warnings=generic.warnings)), include_views=True)
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "b7ad6b7169203331"}]}]}]}', "missing field"),
+        ('{"resourceSpans": [{"scopeSpans": [{"spans": [', "malformed JSON"),
+    ],
+)
+def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(doc(otlp_span())) + "\n" + line + "\n")
+    errors = []
+    for decoder in ("typed", "generic"):
+        monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", decoder)
+        with pytest.raises(SourceError) as exc:
+            load_spans(str(path))
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1]
+    assert message in errors[0] and "line 2" in errors[0]
+
+
+def test_without_msgspec_the_generic_path_reads_everything(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span(spanId=f"{i:016x}")) for i in range(1, 4)])
+    code = (
+        "import sys; sys.modules['msgspec'] = None\n"
+        "from llmtrace.analysis.sources import load_spans, otlp_typed\n"
+        "assert not otlp_typed.AVAILABLE\n"
+        f"print(len(load_spans({path!r}).spans))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"
+
+
+def test_paused_gc_restores_the_collector_and_leaves_frozen_objects_alone() -> None:
+    assert gc.isenabled()
+    with paused_gc():
+        assert not gc.isenabled()
+        keep = [[i] for i in range(1000)]
+    assert gc.isenabled() and len(keep) == 1000
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with paused_gc():
+            keep.append([0])
+        assert gc.get_freeze_count() == frozen  # not thawed
+    finally:
+        gc.unfreeze()
