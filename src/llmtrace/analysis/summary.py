@@ -191,14 +191,23 @@ def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdl
             steps = e.steps[bisect_left(starts, w.start_ns) : bisect_right(starts, w.end_ns)]
             idle_ns = work_ns = 0
             causes: dict[str, int] = {}
-            for g in ei.gaps[max(0, bisect_left(gap_starts, w.start_ns) - 1) : bisect_right(gap_starts, w.end_ns)]:
-                ov = min(g.end_ns, w.end_ns) - max(g.start_ns, w.start_ns)
+            ws, we = w.start_ns, w.end_ns
+            for _, gs, ge, split, waiting in ei.gaps[
+                max(0, bisect_left(gap_starts, ws) - 1) : bisect_right(gap_starts, we)
+            ]:
+                if gs >= ws and ge <= we:  # inside the window: frac = 1 and int(ns * 1.0) == ns
+                    idle_ns += ge - gs
+                    work_ns += waiting
+                    for c, ns in split:
+                        causes[c] = causes.get(c, 0) + ns
+                    continue
+                ov = (ge if ge < we else we) - (gs if gs > ws else ws)
                 if ov <= 0:
                     continue
-                frac = ov / g.duration_ns
+                frac = ov / (ge - gs)
                 idle_ns += ov
-                work_ns += int(g.work_waiting_ns * frac)
-                for c, ns in g.causes:
+                work_ns += int(waiting * frac)
+                for c, ns in split:
                     causes[c] = causes.get(c, 0) + int(ns * frac)
             f = bn.window_features(w, steps, idle_ns, work_ns, causes)
             out.append(WindowVerdict(e.engine_id, w.start_ns, w.end_ns, bn.diagnose(f)))
