@@ -138,3 +138,46 @@ def test_step_energy_is_split_by_token_share(captured: Captured, monkeypatch: ob
     small = engine.tracker.finished("small")["energy_j"]
     assert big == pytest.approx(energies[0] * 0.75 + (energies[1] + energies[2]) / 2)
     assert big + small == pytest.approx(sum(energies))
+
+
+class _RecordedForwardTimer:
+    """Test double for the CUDA-event ForwardTimer (no CUDA here): each forward took 3 ms on the GPU."""
+
+    def __init__(self) -> None:
+        self.keys: list[object] = []
+
+    def begin(self, key: object) -> object:
+        return key
+
+    def end(self, token: object) -> None:
+        self.keys.append(token)
+
+    def resolve_ready(self) -> list[object]:
+        from llmtrace.gpu.cuda_timing import ForwardTiming
+
+        done, self.keys = self.keys, []
+        return [ForwardTiming(key, 0, 0.003, 1_000, 3_001_000) for key in done]
+
+
+def test_forward_spans_carry_cuda_event_gpu_time(captured: Captured) -> None:
+    """With a forward timer (CUDA in use), llm.forward gets llm.forward.gpu_time_s and GPU start/end."""
+    engine = EngineTracer("dp7")
+    engine.forward_timer = _RecordedForwardTimer()
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 2)
+    engine.flush_window()
+    forwards = captured.named(semconv.SPAN_FORWARD)
+    assert [0.003, 0.003] == [f.attributes[semconv.LLM_FORWARD_GPU_TIME_S] for f in forwards]
+    assert all(f.attributes[semconv.LLM_FORWARD_GPU_END_NS] - f.attributes[semconv.LLM_FORWARD_GPU_START_NS]
+               == 3_000_000 for f in forwards)
+
+
+def test_no_cuda_no_forward_timer(captured: Captured) -> None:
+    """On this CPU machine torch never initialised CUDA: no timer, no GPU-time attribute."""
+    engine = EngineTracer("dp8")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 1)
+    engine.flush_window()
+    assert engine.forward_timer is None
+    (forward,) = captured.named(semconv.SPAN_FORWARD)
+    assert semconv.LLM_FORWARD_GPU_TIME_S not in forward.attributes

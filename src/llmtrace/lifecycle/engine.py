@@ -61,7 +61,7 @@ MAX_BATCH_IDS_ATTR = 64
 class StepRecord:
     """One scheduler iteration: timestamps and batch numbers, nothing else on the hot path."""
 
-    __slots__ = ("_phase_name", "_phase_start", "attributes", "decode_tokens", "end_ns", "energy_done",
+    __slots__ = ("_gpu_token", "_phase_name", "_phase_start", "attributes", "decode_tokens", "end_ns", "energy_done",
                  "energy_j", "engine", "handles", "kv_cache_usage", "phases", "preempted", "prefill_tokens",
                  "running", "start_ns", "step_id", "waiting")
 
@@ -81,6 +81,7 @@ class StepRecord:
         self.attributes: dict[str, Any] | None = None
         self._phase_name = ""
         self._phase_start = 0
+        self._gpu_token: Any = None
         self.energy_j: float | None = None  # filled lazily by lifecycle/energy.py
         self.energy_done = False
 
@@ -94,11 +95,17 @@ class StepRecord:
         return self
 
     def __enter__(self) -> None:
+        timer = self.engine.forward_timer
+        if timer is not None and self._phase_name == "forward":
+            self._gpu_token = timer.begin(self.step_id)  # CUDA events: asynchronous, no sync
         self._phase_start = monotonic_ns()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.phases.append((self._phase_name, self._phase_start, monotonic_ns()))
+        if self._gpu_token is not None:
+            self.engine.forward_timer.end(self._gpu_token)  # type: ignore[union-attr]
+            self._gpu_token = None
 
     def add_phase(self, name: str, start_ns: int, end_ns: int) -> None:
         """Record a phase measured elsewhere (monotonic ns of this process)."""
@@ -210,6 +217,8 @@ class EngineTracer:
         self._rng = random.Random()
         #: Keep step records on requests for per-request energy (only when a GPU reports energy).
         self.energy_accounting = energy_available()
+        #: CUDA-event timing of forward phases, once torch has initialised CUDA (checked per window).
+        self.forward_timer: Any = None
         _ENGINES.add(self)
         if settings.gc_spans:
             _install_gc_callback()
@@ -219,6 +228,8 @@ class EngineTracer:
         now = monotonic_ns()
         if self._window is None:
             self._window = _Window(now, self._rng.random() < self._ratio)
+            if self.forward_timer is None:
+                self.forward_timer = _forward_timer()
         step = StepRecord(self, self._next_step, now)
         self._next_step += 1
         return step
@@ -242,7 +253,24 @@ class EngineTracer:
         window, self._window = self._window, None
         if window is None or not window.steps:
             return
-        BUILDER.submit(lambda: _build_window(self.engine_id, window))
+        BUILDER.submit(lambda: _build_window(self.engine_id, window, self.forward_timer))
+
+
+def _forward_timer() -> Any:
+    """A CUDA-event ForwardTimer when this process's torch has initialised CUDA, else None."""
+    try:
+        from llmtrace.gpu.cuda_timing import ForwardTimer, cuda_in_use
+    except ImportError:
+        return None
+    return ForwardTimer() if cuda_in_use() else None
+
+
+def _gpu_timing_attributes(timing: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {semconv.LLM_FORWARD_GPU_TIME_S: timing.gpu_time_s}
+    if timing.gpu_start_mono_ns is not None and timing.gpu_end_mono_ns is not None:
+        attrs[semconv.LLM_FORWARD_GPU_START_NS] = to_wall_ns(timing.gpu_start_mono_ns)
+        attrs[semconv.LLM_FORWARD_GPU_END_NS] = to_wall_ns(timing.gpu_end_mono_ns)
+    return attrs
 
 
 class _StepScope:
@@ -291,8 +319,12 @@ def _links(step: StepRecord, limit: int) -> list[Link]:
 
 
 @guarded("engine.window")
-def _build_window(engine_id: str, window: _Window) -> None:
+def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) -> None:
     from llmtrace._gpu_hook import span_attributes_for
+
+    # The window closed a while after its forwards were launched: most CUDA events have
+    # completed, and query() (never synchronize()) resolves them.
+    gpu_timings = {t.key: t for t in forward_timer.resolve_ready()} if forward_timer is not None else {}
 
     metrics = _runtime.serving_metrics()
     if metrics is not None:
@@ -319,6 +351,8 @@ def _build_window(engine_id: str, window: _Window) -> None:
             if span_name == semconv.SPAN_FORWARD:
                 phase_attrs[semconv.LLM_ENGINE_ID] = engine_id
                 phase_attrs.update(span_attributes_for(p_start, p_end))
+                if (timing := gpu_timings.get(step.step_id)) is not None:
+                    phase_attrs.update(_gpu_timing_attributes(timing))
             child = tracer.start_span(span_name, context=step_ctx, start_time=to_wall_ns(p_start),
                                       attributes=phase_attrs)
             child.end(end_time=to_wall_ns(p_end))
