@@ -52,7 +52,8 @@ __all__ = [
 def instrument_model(model: Any, *, layers: bool = False, engine_id: str | None = None) -> Any:
     """Trace a torch ``nn.Module``'s forward as ``llm.forward`` (forward hooks; no global patch).
 
-    ``layers=True`` adds an ``llm.layer`` span per direct child module. Returns
+    ``layers=True`` adds an ``llm.layer`` span per transformer block (the longest
+    ``ModuleList``, e.g. ``transformer.h.N``; otherwise each direct child). Returns
     *model*; :func:`llmtrace.integrations.torch.uninstrument_model` removes the hooks.
     """
     from llmtrace.integrations.torch import instrument_model as _instrument_model
