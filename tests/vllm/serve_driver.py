@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: max_tokens of a request whose client disconnects: long enough that it is still decoding when
+#: the client goes away (else it may finish first and there is nothing to abort).
+ABORT_MAX_TOKENS = 100
 #: How long vLLM gets to start (model load + torch import on a small machine).
 START_TIMEOUT_S = 240.0
 
@@ -138,10 +141,12 @@ def burst(server: Server, *, requests: int, max_tokens: int, prompt: str = "hell
     semaphore = threading.Semaphore(concurrency or requests)
 
     def run(index: int) -> None:
-        body = {"model": "tiny", "prompt": f"{prompt} {index}", "max_tokens": max_tokens, "stream": True,
+        aborting = index < abort_first
+        body = {"model": "tiny", "prompt": f"{prompt} {index}", "stream": True,
+                "max_tokens": max(max_tokens, ABORT_MAX_TOKENS) if aborting else max_tokens,
                 "stream_options": {"include_usage": True}, "temperature": 0.0, "ignore_eos": True}
         with semaphore:
-            _stream_one(server.base, body, result, lock, 2 if index < abort_first else 0)
+            _stream_one(server.base, body, result, lock, 2 if aborting else 0)
 
     threads = [threading.Thread(target=run, args=(i,), name=f"burst-{i}") for i in range(requests)]
     start = time.monotonic()
