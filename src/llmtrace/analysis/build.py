@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from operator import attrgetter
 from typing import Any
 
 from llmtrace import semconv as sc
@@ -31,7 +32,11 @@ from llmtrace.analysis.model import (
 )
 
 _new_step = fast_constructor(StepView)
+_SERVICE = attrgetter("service")
+_RESOURCE = attrgetter("resource")
 _FORWARD = sc.SPAN_FORWARD
+_STEP = sc.SPAN_STEP
+_STEP_ID = sc.LLM_STEP_ID
 _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
 _VIEW_SPANS = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE))
@@ -44,8 +49,9 @@ def _domain(span: Span) -> tuple[Any, ...]:
 
 def _one_domain(spans: Iterable[Span]) -> bool:
     """Whether every span comes from one process (one service, host and pid)."""
-    if len({s.service for s in spans}) <= 1:
-        resources = {id(s.resource): s.resource for s in spans}.values()
+    if len(set(map(_SERVICE, spans))) <= 1:
+        res = list(map(_RESOURCE, spans))  # map/zip: no bytecode per span
+        resources = dict(zip(map(id, res), res, strict=True)).values()
         if len({(r.get("host.name"), r.get("process.pid")) for r in resources}) <= 1:
             return True
     return False
@@ -230,8 +236,9 @@ def _num(value: Any, default: float) -> float:
 def _window_view(trace: Trace, span: Span) -> WindowView:
     ids = [
         sid
-        for c in trace.children_of(span)
-        if c.name == sc.SPAN_STEP and (sid := _int(c.attributes.get(sc.LLM_STEP_ID))) is not None
+        for c in trace.children.get(span.span_id, ())
+        if c.name == _STEP
+        and (sid := (v if (v := c.attributes.get(_STEP_ID)).__class__ is int else _int(v))) is not None
     ]
     return WindowView(
         _engine_of(trace, span),
