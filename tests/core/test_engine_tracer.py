@@ -181,3 +181,18 @@ def test_no_cuda_no_forward_timer(captured: Captured) -> None:
     assert engine.forward_timer is None
     (forward,) = captured.named(semconv.SPAN_FORWARD)
     assert semconv.LLM_FORWARD_GPU_TIME_S not in forward.attributes
+
+
+def test_idle_engine_closes_an_old_window(runtime_with: object) -> None:
+    """idle() exports a window past its age at once; a young window stays open."""
+    import time
+
+    captured: Captured = runtime_with(engine_window_s=0.05, engine_window_steps=1000)  # type: ignore[operator]
+    engine = EngineTracer("dp9")
+    engine.tracker.add("a")
+    _run_steps(engine, ["a"], 2)
+    engine.idle()
+    assert [] == captured.named(semconv.SPAN_ENGINE)
+    time.sleep(0.06)
+    engine.idle()
+    assert 1 == len(captured.named(semconv.SPAN_ENGINE))

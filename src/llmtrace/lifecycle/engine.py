@@ -248,6 +248,13 @@ class EngineTracer:
         """``with engine.step() as step:`` — begin_step/end_step as a context manager."""
         return _StepScope(self)
 
+    def idle(self) -> None:
+        """Call when the engine has no work: closes an open window that has reached its age,
+        so an idle engine's last steps are exported now rather than at its next step."""
+        window = self._window
+        if window is not None and monotonic_ns() - window.start_ns >= self._window_ns:
+            self.flush_window()
+
     def flush_window(self) -> None:
         """Close the current window now (called on shutdown and when a window is full)."""
         window, self._window = self._window, None

@@ -209,6 +209,8 @@ def run_engine(config: EngineConfig, in_queue: Any, out_queue: Any) -> None:
             pass
         if running and engine.has_work:
             engine.step()
+        elif running:
+            engine.engine.idle()
     engine.tracker.abort_all()
     if config.instrument_options is not None:
         import llmtrace
