@@ -66,8 +66,10 @@ def decode_floor(path: str) -> float:
 
 def typed_decode_floor(path: str) -> float | None:
     """CPU seconds for the typed msgspec decode alone (the parse path's own floor), if installed."""
-    from llmtrace.analysis.sources import otlp_typed
-
+    try:
+        from llmtrace.analysis.sources import otlp_typed
+    except ImportError:  # an llmtrace before the typed decoder (A/B runs against old trees)
+        return None
     if not otlp_typed.AVAILABLE:
         return None
     decode = otlp_typed._decode
