@@ -125,8 +125,9 @@ class StepRecord:
                 self.engine.tracker.get(request_id)  # logs the unknown id once
                 continue
             if handle.finish_ns is None:
-                if len(handle.scheduled_ns) < max(1, len(handle.queued_ns)):
-                    handle.scheduled_ns.append(start)
+                scheduled = handle.scheduled_ns
+                if not scheduled or len(scheduled) < len(handle.queued_ns):
+                    scheduled.append(start)
                 handle.steps.append(step_id)
                 if energy:
                     handle.step_records.append(self)
