@@ -37,6 +37,10 @@ from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
 
 #: Set while a traced tokenizer call runs: the library's own nested calls
 #: (transformers -> tokenizers, encode -> __call__ -> encode_batch) pass straight through.
+#: A decode of at most this many tokens outside any request is incremental streaming
+#: detokenization: no span for it (that would be a span per token).
+INCREMENTAL_DECODE_MAX_TOKENS = 2
+
 _in_tokenizer: contextvars.ContextVar[bool] = contextvars.ContextVar("llmtrace_in_tokenizer", default=False)
 
 
@@ -126,7 +130,12 @@ def record_detokenize(start_ns: int, end_ns: int, tokens: int, tokenizer_class: 
                 finish.completion = text
         live_span(semconv.SPAN_DETOKENIZE, target.context(), start_ns, end_ns, attrs, error)
         return
-    if _current_span_recording():
+    if scope is not None and (open_handles := scope.open_handles()):
+        # Incremental detokenization while a streamed response is produced (the handler
+        # decodes each token as it arrives): time added to the request, never a span per token.
+        open_handles[-1].detokenized(end_ns - start_ns)
+        return
+    if _current_span_recording() and (tokens > INCREMENTAL_DECODE_MAX_TOKENS or error is not None):
         live_span(semconv.SPAN_DETOKENIZE, None, start_ns, end_ns, attrs, error)
 
 

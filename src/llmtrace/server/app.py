@@ -64,10 +64,11 @@ class CompletionService:
                                         temperature=body.get("temperature"), top_p=body.get("top_p"),
                                         stream=stream, operation="chat" if chat else "text_completion",
                                         prompt=prompt)
-        with handle.activate():
+        with handle.activate():  # the tokenizer integration records the encode on this request
             start = monotonic_ns()
             prompt_ids = self.tokenizer.encode(prompt)
-            handle.tokenized(len(prompt_ids), start, monotonic_ns())
+            if not handle.tokenize:  # the tokenizers integration is off: record it ourselves
+                handle.tokenized(len(prompt_ids), start, monotonic_ns())
         try:
             outputs = self.client.submit({"request_id": request_id, "prompt_ids": prompt_ids,
                                           "max_tokens": max_tokens, "temperature": body.get("temperature"),
@@ -157,9 +158,7 @@ async def _events(handle: Any, outputs: Any, client: EngineClient, tokenizer: An
             if message[0] == "token":
                 handle.token()
                 count += 1
-                start = monotonic_ns()
-                piece = tokenizer.decode([message[2]])
-                handle.detokenized(monotonic_ns() - start)
+                piece = tokenizer.decode([message[2]])  # incremental: timed by the tokenizer integration
                 yield piece, None
                 continue
             _, _, reason, summary = message
