@@ -41,6 +41,15 @@ def test_every_finished_request_has_queue_prefill_decode(loaded_run: Run) -> Non
         assert {semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= names
 
 
+def test_no_span_per_token(loaded_run: Run) -> None:
+    """Streaming decodes each token, yet there is one llm.tokenize per request and no
+    llm.detokenize span per token: the decode time is summed on llm.request."""
+    requests = loaded_run.named(semconv.SPAN_REQUEST)
+    assert len(requests) == len(loaded_run.named(semconv.SPAN_TOKENIZE))
+    assert [] == loaded_run.named(semconv.SPAN_DETOKENIZE)
+    assert all((r.attr(semconv.LLM_DETOKENIZE_TOTAL_S) or 0) > 0 for r in _finished(loaded_run))
+
+
 def test_request_span_is_a_child_of_the_http_server_span(loaded_run: Run) -> None:
     """With instrument() before the app is built, FastAPI's SERVER span is llm.request's parent."""
     for request in loaded_run.named(semconv.SPAN_REQUEST):
