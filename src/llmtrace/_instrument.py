@@ -132,12 +132,16 @@ def _stop_gpu() -> None:
     stop_sampler()
 
 
-def flush(timeout_s: float = 5.0) -> bool:
-    """Close open engine windows, build pending spans and export them, within *timeout_s*."""
+def _close_engine_windows() -> None:
     from llmtrace.lifecycle.engine import _ENGINES
 
     for engine in list(_ENGINES):
         engine.flush_window()
+
+
+def flush(timeout_s: float = 5.0) -> bool:
+    """Close open engine windows, build pending spans and export them, within *timeout_s*."""
+    _close_engine_windows()
     ok = BUILDER.flush(timeout_s)
     if _providers is not None:
         ok = _otel.flush(_providers, timeout_s) and ok
@@ -152,10 +156,7 @@ def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush everything and stop llmtrace's exporters and threads; returns False on timeout."""
     global _providers
     deadline = time.monotonic() + timeout_s
-    from llmtrace.lifecycle.engine import _ENGINES
-
-    for engine in list(_ENGINES):
-        engine.flush_window()
+    _close_engine_windows()
     uninstrument()
     ok = BUILDER.flush(timeout_s * 0.5)
     BUILDER.stop(max(0.01, deadline - time.monotonic()))

@@ -235,12 +235,14 @@ def _bounded(work: Any, timeout_s: float) -> bool:
     return bool(result and result[0])
 
 
-def flush(providers: Providers, timeout_s: float) -> bool:
+def _millis_left(timeout_s: float) -> Any:
+    """A function giving the milliseconds left until *timeout_s* from now (at least 1)."""
     deadline = time.monotonic() + timeout_s
+    return lambda: max(1, int((deadline - time.monotonic()) * 1000))
 
-    def left_ms() -> int:
-        return max(1, int((deadline - time.monotonic()) * 1000))
 
+def flush(providers: Providers, timeout_s: float) -> bool:
+    left_ms = _millis_left(timeout_s)
     ok = True
     for processor in providers.processors:
         ok = processor.force_flush(left_ms()) and ok
@@ -251,11 +253,7 @@ def flush(providers: Providers, timeout_s: float) -> bool:
 
 def shutdown(providers: Providers, timeout_s: float) -> bool:
     """Flush for most of *timeout_s*, then close with what is left; late spans are dropped and counted."""
-    deadline = time.monotonic() + timeout_s
-
-    def left_ms() -> int:
-        return max(1, int((deadline - time.monotonic()) * 1000))
-
+    left_ms = _millis_left(timeout_s)
     ok = flush(providers, timeout_s * 0.8)
     for processor in providers.processors:
         if isinstance(processor, BoundedSpanProcessor):
