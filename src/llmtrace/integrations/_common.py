@@ -165,8 +165,9 @@ def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str
     return bound.arguments.get(name)
 
 
-def encode_wrapper(count: Any, text_param: str) -> Any:
-    """A wrapt wrapper timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
+def _timed_tokenizer_call(after: Any) -> Any:
+    """A wrapt wrapper timing one user-level tokenizer call (nested calls pass straight through),
+    then reporting through *after(wrapped, instance, args, kwargs, result, start_ns, error)*."""
     from llmtrace.lifecycle.clock import monotonic_ns
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -178,13 +179,20 @@ def encode_wrapper(count: Any, text_param: str) -> Any:
             result = wrapped(*args, **kwargs)
         except Exception as exc:
             _in_tokenizer.reset(token)
-            _after_encode(count, text_param, wrapped, instance, args, kwargs, None, start, exc)
+            after(wrapped, instance, args, kwargs, None, start, exc)
             raise
         _in_tokenizer.reset(token)
-        _after_encode(count, text_param, wrapped, instance, args, kwargs, result, start, None)
+        after(wrapped, instance, args, kwargs, result, start, None)
         return result
 
     return wrapper
+
+
+def encode_wrapper(count: Any, text_param: str) -> Any:
+    """A wrapt wrapper timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
+    return _timed_tokenizer_call(
+        lambda wrapped, instance, args, kwargs, result, start, error: _after_encode(
+            count, text_param, wrapped, instance, args, kwargs, result, start, error))
 
 
 @guarded("tokenize.wrapper")
@@ -202,24 +210,9 @@ def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args
 
 def decode_wrapper(count: Any) -> Any:
     """A wrapt wrapper timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    from llmtrace.lifecycle.clock import monotonic_ns
-
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _in_tokenizer.get():
-            return wrapped(*args, **kwargs)
-        token = _in_tokenizer.set(True)
-        start = monotonic_ns()
-        try:
-            result = wrapped(*args, **kwargs)
-        except Exception as exc:
-            _in_tokenizer.reset(token)
-            _after_decode(count, instance, args, kwargs, None, start, exc)
-            raise
-        _in_tokenizer.reset(token)
-        _after_decode(count, instance, args, kwargs, result, start, None)
-        return result
-
-    return wrapper
+    return _timed_tokenizer_call(
+        lambda wrapped, instance, args, kwargs, result, start, error: _after_decode(
+            count, instance, args, kwargs, result, start, error))
 
 
 @guarded("detokenize.wrapper")
