@@ -9,6 +9,7 @@ client goes away.
 from __future__ import annotations
 
 import contextvars
+from typing import Any
 
 from opentelemetry import trace
 
@@ -89,3 +90,21 @@ def _emit_later(scope: ServerScope) -> None:
 def current_exchange() -> Exchange | None:
     """The server call this code runs for (set by the network integration's middleware)."""
     return _current_exchange.get()
+
+
+async def run_in_exchange(exchange: Exchange, call: Any, is_disconnect: Any) -> Any:
+    """Await *call()* inside *exchange*: a disconnect ends its requests as ``abort``, another
+    exception as ``error`` (and propagates untouched), a normal return finishes them."""
+    exchange.enter()
+    try:
+        result = await call()
+    except BaseException as exc:
+        if is_disconnect(exc):
+            exchange.disconnected(exc)
+        else:
+            exchange.finish(exc)
+        raise
+    finally:
+        exchange.exit()
+    exchange.finish()
+    return result

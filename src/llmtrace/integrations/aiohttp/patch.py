@@ -26,19 +26,7 @@ async def scope_middleware(request: Any, handler: Any) -> Any:
     if INTEGRATION not in _server.ENABLED:
         return await handler(request)
     exchange = _server.Exchange()
-    exchange.enter()
-    try:
-        response = await handler(request)
-    except BaseException as exc:
-        if _is_disconnect(exc):
-            exchange.disconnected(exc)
-        else:
-            exchange.finish(exc)
-        raise
-    finally:
-        exchange.exit()
-    exchange.finish()
-    return response
+    return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
 
 
 scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from llmtrace._safety import guarded
-from llmtrace.integrations._server import ENABLED, Exchange
+from llmtrace.integrations._server import ENABLED, Exchange, run_in_exchange
 from llmtrace.integrations.fastapi import extractors
 
 Message = MutableMapping[str, Any]
@@ -66,15 +66,5 @@ class ScopeMiddleware:
             if kind == "http.response.body" and not message.get("more_body", False):
                 exchange.finish()
 
-        exchange.enter()
-        try:
-            await self.app(scope, traced_receive, traced_send)
-        except BaseException as exc:
-            if is_disconnect(exc):
-                exchange.disconnected(exc)
-            else:
-                exchange.finish(exc)
-            raise
-        finally:
-            exchange.exit()
-        exchange.finish()
+        await run_in_exchange(exchange, lambda: self.app(scope, traced_receive, traced_send),
+                              is_disconnect)
