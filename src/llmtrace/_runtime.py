@@ -51,9 +51,12 @@ def settings() -> Settings:
     return _current.settings
 
 
+def tracer_provider() -> Any:
+    return _current.providers.tracer_provider if _current.providers else trace.get_tracer_provider()
+
+
 def tracer() -> trace.Tracer:
-    provider: Any = _current.providers.tracer_provider if _current.providers else trace.get_tracer_provider()
-    return provider.get_tracer(TRACER_NAME, __version__)  # type: ignore[no-any-return]
+    return tracer_provider().get_tracer(TRACER_NAME, __version__)  # type: ignore[no-any-return]
 
 
 def serving_metrics() -> ServingMetrics | None:

@@ -38,11 +38,12 @@ from types import TracebackType
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace import Link
 
 from llmtrace import _runtime, semconv
 from llmtrace._gpu_hook import energy_available
 from llmtrace._safety import guarded
+from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
 from llmtrace.lifecycle.request import RequestHandle
@@ -319,11 +320,18 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
 
 def _links(step: StepRecord, limit: int) -> list[Link]:
     links = []
+    step_id = step.step_id
     for handle in step.handles[:limit]:
-        ctx = trace.get_current_span(handle.context()).get_span_context()
+        span = handle.span
+        ctx = span.get_span_context() if span is not None else _parent_span_context(handle)
         if ctx.is_valid:
-            links.append(Link(ctx, {semconv.LLM_STEP_ID: step.step_id, semconv.LLM_REQUEST_ID: handle.request_id}))
+            links.append(Link(ctx, {semconv.LLM_STEP_ID: step_id, semconv.LLM_REQUEST_ID: handle.request_id}))
     return links
+
+
+def _parent_span_context(handle: RequestHandle) -> trace.SpanContext:
+    """A request whose span lives in another process: the carrier's context."""
+    return trace.get_current_span(handle.context()).get_span_context()
 
 
 @guarded("engine.window")
@@ -339,20 +347,21 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
         metrics.record_window(engine_id, window.steps)
     if not window.sampled:
         return
-    tracer = _runtime.tracer()
-    settings = _runtime.settings()
+    spans = emit.current()
+    max_links = _runtime.settings().max_links
     start, end = window.steps[0].start_ns, window.steps[-1].end_ns
-    root = tracer.start_span(semconv.SPAN_ENGINE, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                             kind=SpanKind.INTERNAL, start_time=to_wall_ns(start),
-                             attributes={semconv.LLM_ENGINE_ID: engine_id,
-                                         semconv.LLM_ENGINE_WINDOW_STEPS: len(window.steps)})
-    root_ctx = trace.set_span_in_context(root)
+    root = spans.open(semconv.SPAN_ENGINE, None, to_wall_ns(start),
+                      {semconv.LLM_ENGINE_ID: engine_id, semconv.LLM_ENGINE_WINDOW_STEPS: len(window.steps)})
+    if root is None:
+        return
+    root_ctx = root.get_span_context()
     for step in window.steps:
         attrs = _step_attributes(engine_id, step)
         attrs.update(span_attributes_for(step.start_ns, step.end_ns))
-        span = tracer.start_span(semconv.SPAN_STEP, context=root_ctx, start_time=to_wall_ns(step.start_ns),
-                                 attributes=attrs, links=_links(step, settings.max_links))
-        step_ctx = trace.set_span_in_context(span)
+        span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns), attrs, _links(step, max_links))
+        if span is None:
+            continue
+        step_ctx = span.get_span_context()
         for name, p_start, p_end in step.phases:
             phase_attrs: dict[str, Any] = {semconv.LLM_STEP_ID: step.step_id}
             span_name = PHASE_NAMES.get(name, name)
@@ -361,14 +370,13 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
                 phase_attrs.update(span_attributes_for(p_start, p_end))
                 if (timing := gpu_timings.get(step.step_id)) is not None:
                     phase_attrs.update(_gpu_timing_attributes(timing))
-            child = tracer.start_span(span_name, context=step_ctx, start_time=to_wall_ns(p_start),
-                                      attributes=phase_attrs)
-            child.end(end_time=to_wall_ns(p_end))
-        span.end(end_time=to_wall_ns(step.end_ns))
+            if (child := spans.open(span_name, step_ctx, to_wall_ns(p_start), phase_attrs)) is not None:
+                spans.close(child, to_wall_ns(p_end))
+        spans.close(span, to_wall_ns(step.end_ns))
     for g_start, g_end, generation, collected in window.gcs:
-        gc_span = tracer.start_span(semconv.SPAN_GC, context=root_ctx, start_time=to_wall_ns(g_start),
-                                    attributes={semconv.LLM_GC_GENERATION: generation,
-                                                semconv.LLM_GC_COLLECTED: collected,
-                                                semconv.LLM_ENGINE_ID: engine_id})
-        gc_span.end(end_time=to_wall_ns(g_end))
-    root.end(end_time=to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end))
+        gc_span = spans.open(semconv.SPAN_GC, root_ctx, to_wall_ns(g_start),
+                             {semconv.LLM_GC_GENERATION: generation, semconv.LLM_GC_COLLECTED: collected,
+                              semconv.LLM_ENGINE_ID: engine_id})
+        if gc_span is not None:
+            spans.close(gc_span, to_wall_ns(g_end))
+    spans.close(root, to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end))

@@ -15,6 +15,7 @@ from opentelemetry.trace import Span, Status, StatusCode
 from llmtrace import semconv
 from llmtrace.config import Settings
 from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.emit import FinishedSpans
 from llmtrace.lifecycle.stats import NS, token_timing
 
 if TYPE_CHECKING:
@@ -126,10 +127,10 @@ def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -
     return attrs
 
 
-def _child(tracer: trace.Tracer, parent: Any, name: str, start: int, end: int,
+def _child(spans: FinishedSpans, parent: trace.SpanContext, name: str, start: int, end: int,
            attributes: dict[str, Any] | None = None) -> None:
-    span = tracer.start_span(name, context=parent, start_time=to_wall_ns(start), attributes=attributes)
-    span.end(end_time=to_wall_ns(max(start, end)))
+    if (span := spans.open(name, parent, to_wall_ns(start), attributes)) is not None:
+        spans.close(span, to_wall_ns(max(start, end)))
 
 
 def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
@@ -149,25 +150,26 @@ def _in_process_phases(rec: RequestHandle) -> Phases:
     return phases
 
 
-def build_request_spans(rec: RequestHandle, tracer: trace.Tracer, settings: Settings) -> None:
+def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Settings) -> None:
     """Create the phase spans (and finish ``llm.request`` when this process owns it).
 
     When an engine in another process reported a summary, it has already put
     queue/prefill/decode in this trace; this side adds only its own spans.
     """
     phases = _in_process_phases(rec)
-    parent = rec.context()
+    parent = rec.span.get_span_context() if rec.span is not None else \
+        trace.get_current_span(rec.context()).get_span_context()
     for start, end, tokens in rec.tokenize:
-        _child(tracer, parent, semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
+        _child(spans, parent, semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
     if rec.remote_phases:
         phases = Phases([], None, None, 0)
     for index, (start, end) in enumerate(phases.queues):
-        _child(tracer, parent, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
+        _child(spans, parent, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
     if phases.prefill:
         prefill_attrs = {semconv.GEN_AI_USAGE_INPUT_TOKENS: rec.prompt_tokens} if rec.prompt_tokens else None
-        _child(tracer, parent, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
+        _child(spans, parent, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
     if phases.decode:
-        _child(tracer, parent, semconv.SPAN_DECODE, *phases.decode,
+        _child(spans, parent, semconv.SPAN_DECODE, *phases.decode,
                {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: rec.output_tokens})
     span: Span | None = rec.span
     if span is None or not rec.owns_span:

@@ -38,6 +38,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
+from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
 from llmtrace.lifecycle.phases import build_request_spans
@@ -191,7 +192,7 @@ class RequestHandle:
         if metrics is not None and self.owns_span:
             metrics.record_request(self)
         if self.recording:
-            build_request_spans(self, _runtime.tracer(), _runtime.settings())
+            build_request_spans(self, emit.current(), _runtime.settings())
 
     # ----------------------------------------------------------------- cross-process
     def engine_summary(self, summary: Mapping[str, Any]) -> None:
