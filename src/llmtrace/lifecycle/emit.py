@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace import Tracer as SdkTracer
-from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.sdk.trace.sampling import Decision, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -41,7 +41,7 @@ _UNSET = Status(StatusCode.UNSET)
 class OpenSpan(Protocol):
     """A span opened by :meth:`FinishedSpans.open`; only its context is read."""
 
-    def get_span_context(self) -> SpanContext: ...
+    def get_span_context(self) -> SpanContext | None: ...
 
 
 class FinishedSpans(Protocol):
@@ -94,7 +94,7 @@ class SdkFinishedSpans:
         if parent is None or not parent.is_valid:
             trace_id = self._ids.generate_trace_id()
             decision = self._sampler.should_sample(None, trace_id, name, kind, attributes, links)
-            if not decision.decision.is_sampled():
+            if decision.decision is not Decision.RECORD_AND_SAMPLE:
                 return None
             flags, state, parent = TraceFlags(TraceFlags.SAMPLED | self._random_ids), decision.trace_state, None
             if decision.attributes:
