@@ -147,26 +147,6 @@ def ids(states: Sequence[DeviceState]) -> str:
     return ",".join(s.device.device_id for s in states)
 
 
-def fill(series: Series, start: int, end: int, period: int, out: Attrs) -> bool:
-    """Aggregates (long span) or the nearest sample (short span) of one series into ``out``."""
-    tl = series.timeline
-    if end - start > period:
-        a, b = tl.window(start, end)
-        if b >= a:
-            series.aggregate(a, b, out)
-            if series.limit is not None:
-                out[HW_GPU_MEMORY_LIMIT] = series.limit
-            return True
-    mid = (start + end) // 2
-    index = tl.nearest(mid)
-    if index < 0 or abs(tl.time(index) - mid) > (end - start) // 2 + STALE_PERIODS * period:
-        return False
-    series.point(index, out)
-    if series.limit is not None:
-        out[HW_GPU_MEMORY_LIMIT] = series.limit
-    return True
-
-
 def subset(states: Sequence[DeviceState], start: int, end: int, period: int, *, indices: Sequence[int]) -> Attrs:
     """Combine per-device answers: sums for memory/power, mean and max otherwise.
 
@@ -175,16 +155,18 @@ def subset(states: Sequence[DeviceState], start: int, end: int, period: int, *, 
     """
     out: Attrs = {}
     parts: list[tuple[DeviceState, Attrs]] = []
+    stale = STALE_PERIODS * period
     for state in states:
-        part: Attrs = {}
-        if state.device.visible_index in indices and fill(state.series, start, end, period, part):
-            parts.append((state, part))
+        if state.device.visible_index in indices:
+            part = state.series.attributes(start, end, period, stale, state.device.device_id)
+            if part is not None:
+                parts.append((state, part))
     if not parts:
         return out
     if len(parts) == 1:
         out.update(parts[0][1])
     else:
-        keys = {k for _s, p in parts for k in p}
+        keys = {k for _s, p in parts for k in p if k != HW_GPU_ID}
         for key in keys:
             vals = [float(p[key]) for _s, p in parts if key in p]
             base = key.rsplit(".", 1)[0] if key.endswith((".mean", ".max")) else key
@@ -205,10 +187,9 @@ def energy_between(
     for state in states:
         if indices is not None and state.device.visible_index not in indices:
             continue
-        e0 = state.series.energy_at(start, slack_ns)
-        e1 = state.series.energy_at(end, slack_ns)
-        if e0 is not None and e1 is not None:
-            total += max(0.0, e1 - e0)
+        energy = state.series.energy_between(start, end, slack_ns)
+        if energy is not None:
+            total += energy
             found = True
     return total if found else None
 

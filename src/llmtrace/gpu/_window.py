@@ -1,134 +1,151 @@
-"""Ring-buffered per-device history with O(1) window mean and max for every quantity.
+"""Per-device history with O(1) window mean and max, read without a lock.
 
-A span asks "mean and max of each GPU quantity between t0 and t1". Scanning the samples
-costs O(window) per span (a request span covers hundreds), and the budget is ~3 µs per
-span. So a series keeps, for each absolute sample index ``i`` and each quantity:
+A span asks "mean and max of each GPU quantity between t0 and t1", and the budget is
+~3 µs per span whatever its length (a request span covers hundreds of samples). So for
+each sample position ``i`` a series keeps, as tuples with one float per quantity:
 
-* running sums: ``S[i]`` (through ``i``) and ``X[i] = S[i] - v[i]`` (before ``i``), so
-  ``mean(a..b) = (S[b] - X[a]) / (b - a + 1)``;
+* prefix sums ``P[i]`` of the samples before ``i`` (``P`` has one entry more than the
+  samples), so ``mean(a..b) = (P[b + 1] - P[a]) / (b - a + 1)``;
 * a sparse table ``M[k][i] = max(v[i - 2^k + 1 .. i])``, so with ``2^k <= b - a + 1``:
   ``max(a..b) = max(M[k][b], M[k][a + 2^k - 1])``.
 
-Both are filled on append (``log2(capacity)`` slice operations, in the sampler thread).
-All quantities of one sample sit next to each other in ``array('d')`` rings
-(``Q`` values per slot, slot ``i % capacity``), so a query is a handful of slices and
-C-level ``map``/``zip`` calls whatever the number of quantities. An entry ``M[k][i]`` only
-covers indices at or after its window start, which are retained whenever the query's
-``a`` is, so ring reuse never corrupts a valid answer.
+A window is then two bisections, four tuple lookups and one call of a function compiled
+for the series' quantities (see :func:`_kernels`). Appending costs ``log2(capacity)``
+tuple maxima, in the sampler thread.
 
-Timestamps live in a plain list (so :func:`bisect.bisect_left` runs in C) trimmed by
-half whenever it reaches twice the capacity (amortised O(1)).
+Concurrency: the sampler thread appends while span builders read, and readers take no
+lock. Every list of a :class:`_History` only grows, and ``ts`` is appended last, so any
+position a reader finds by bisecting ``ts`` already has its sums, maxima, values and
+energy. Nothing is ever overwritten: when the lists reach ``capacity + capacity // 4``
+the writer copies the newest ``capacity`` samples into a new :class:`_History` and
+swaps it in with one attribute store; a reader that still holds the old one keeps a
+consistent (if one sample older) view. Only the newest ``capacity`` samples are used,
+so answers do not depend on when the copy happens. An entry ``M[k][i]`` covers indices
+from ``i - 2^k + 1``, which a query only uses when they are inside its window.
 """
 
 from __future__ import annotations
 
-from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping
-from itertools import repeat
-from operator import add, sub, truediv
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from math import isfinite
+from typing import NamedTuple
 
-__all__ = ["Series", "Timeline"]
+from llmtrace.semconv import HW_GPU_ID, HW_GPU_MEMORY_LIMIT
+
+__all__ = ["Series"]
+
+Row = tuple[float, ...]
+Attrs = dict[str, float | int | str]
+#: How far past ``capacity`` the lists grow before the newest ``capacity`` samples are
+#: copied into a fresh history: copying a quarter as often costs O(1) amortised per
+#: append and bounds memory at 1.25 x capacity.
+_GROWTH_DIVISOR = 4
 
 
-class Timeline:
-    """Sample timestamps (monotonic ns) mapped to absolute sample indices."""
+class _Kernels(NamedTuple):
+    """Functions specialised to one tuple of quantities (see :func:`_kernels`)."""
 
-    __slots__ = ("_base", "_cap", "_ts")
+    aggregate: Callable[[Row, Row, Row, Row, int, float | None, str], Attrs]
+    point: Callable[[Row, float | None, str], Attrs]
+    peak: Callable[[Row, Row], Row]
+    add: Callable[[Row, Row], Row]
 
-    def __init__(self, capacity: int) -> None:
-        self._cap = capacity
-        self._ts: list[int] = []
-        self._base = 0  # absolute index of self._ts[0]
 
-    @property
-    def next_index(self) -> int:
-        return self._base + len(self._ts)
+@lru_cache(maxsize=64)
+def _kernels(keys: tuple[str, ...]) -> _Kernels:
+    """Compile the per-window arithmetic for ``keys``.
 
-    @property
-    def oldest(self) -> int:
-        """Oldest absolute index still held by the rings."""
-        return max(self._base, self._base + len(self._ts) - self._cap)
+    Why generated code: a dict display with constant keys is built by one bytecode, and
+    the 3.11 interpreter specialises float subtraction, division and comparison; for six
+    quantities this is ~3x cheaper than ``dict(zip(keys, map(max, ...)))`` pipelines
+    (C-level ``max`` pays argument-tuple overhead per element). The keys are ``repr``-ed
+    into the source, so any string is safe; the four functions are pure.
+    """
+    q = len(keys)
 
-    def append(self, t_ns: int) -> int:
-        ts = self._ts
-        if len(ts) >= 2 * self._cap:
-            drop = len(ts) - self._cap
-            del ts[:drop]
-            self._base += drop
-        ts.append(t_ns)
-        return self._base + len(ts) - 1
+    def unpack(row: str, prefix: str) -> str:
+        if not q:
+            return ""
+        names = ", ".join(f"{prefix}{i}" for i in range(q))
+        return f"    {names}{',' if q == 1 else ''} = {row}\n"
 
-    def time(self, index: int) -> int:
-        return self._ts[index - self._base]
+    def row(items: list[str]) -> str:
+        return "(" + ", ".join(items) + ",)" if items else "()"
 
-    def window(self, start_ns: int, end_ns: int) -> tuple[int, int]:
-        """Absolute indices ``(a, b)`` of the samples inside ``[start_ns, end_ns]``; ``b < a`` if none."""
-        ts = self._ts
-        base = self._base
-        a = base + bisect_left(ts, start_ns)
-        b = base + bisect_right(ts, end_ns) - 1
-        oldest = base + len(ts) - self._cap
-        return (a if a > oldest else max(oldest, base)), b
+    bigger = [f"a{i} if a{i} >= b{i} else b{i}" for i in range(q)]  # == max(a, b): rows hold no NaN
+    means = [f"{k + '.mean'!r}: (h{i} - l{i}) / n" for i, k in enumerate(keys)]
+    maxes = [f"{k + '.max'!r}: {bigger[i]}" for i, k in enumerate(keys)]
+    plain = [f"{k!r}: v{i}" for i, k in enumerate(keys)]
+    tail = [f"{HW_GPU_MEMORY_LIMIT!r}: limit", f"{HW_GPU_ID!r}: ids"]
+    source = (
+        "def aggregate(hi, lo, m1, m2, n, limit, ids):\n"
+        + unpack("hi", "h") + unpack("lo", "l") + unpack("m1", "a") + unpack("m2", "b")
+        + "    return {" + ", ".join(means + maxes + tail) + "}\n"
+        "def point(values, limit, ids):\n"
+        + unpack("values", "v")
+        + "    return {" + ", ".join(plain + tail) + "}\n"
+        "def peak(x, y):\n"
+        + unpack("x", "a") + unpack("y", "b")
+        + "    return " + row(bigger) + "\n"
+        "def add(x, y):\n"
+        + unpack("x", "a") + unpack("y", "b")
+        + "    return " + row([f"a{i} + b{i}" for i in range(q)]) + "\n"
+    )  # fmt: skip
+    namespace: dict[str, object] = {}
+    exec(compile(source, f"<llmtrace.gpu window kernels {keys!r}>", "exec"), namespace)
+    return _Kernels(namespace["aggregate"], namespace["point"], namespace["peak"], namespace["add"])  # type: ignore[arg-type]
 
-    def nearest(self, t_ns: int) -> int:
-        """Absolute index of the retained sample closest to ``t_ns``; -1 when empty."""
-        ts = self._ts
-        if not ts:
-            return -1
-        pos = bisect_left(ts, t_ns)
-        if pos >= len(ts):
-            pos = len(ts) - 1
-        elif pos > 0 and t_ns - ts[pos - 1] <= ts[pos] - t_ns:
-            pos -= 1
-        index = self._base + pos
-        return index if index >= self.oldest else -1
 
-    def at_or_before(self, t_ns: int) -> int:
-        """Absolute index of the newest sample taken at or before ``t_ns`` (``base - 1`` if none)."""
-        return self._base + bisect_right(self._ts, t_ns) - 1
+class _History:
+    """One generation of a series' samples: parallel lists that only grow (``ts`` last)."""
 
-    def __len__(self) -> int:
-        return self.next_index - self.oldest
+    __slots__ = ("base", "energy", "energy_first", "kernels", "keys", "levels", "prefix", "ts", "vals")
+
+    def __init__(self, keys: tuple[str, ...], levels: int) -> None:
+        self.keys = keys
+        self.kernels = _kernels(keys)
+        self.base = 0  # absolute sample index of position 0
+        self.ts: list[int] = []
+        self.vals: list[Row] = []  # the values (for a group: the per-pass means)
+        self.prefix: list[Row] = [(0.0,) * len(keys)]
+        self.levels: list[list[Row]] = [[] for _ in range(levels)]
+        self.energy: list[float] = []  # cumulative joules; 0.0 before energy_first
+        self.energy_first = -1  # position of the first sample with energy, -1 if none yet
+
+    def newest(self, keep: int) -> _History:
+        """A copy holding the newest ``keep`` samples."""
+        drop = len(self.ts) - keep
+        new = _History.__new__(_History)
+        new.keys, new.kernels, new.base = self.keys, self.kernels, self.base + drop
+        new.ts, new.vals, new.prefix = self.ts[drop:], self.vals[drop:], self.prefix[drop:]
+        new.levels = [level[drop:] for level in self.levels]
+        new.energy = self.energy[drop:]
+        new.energy_first = max(0, self.energy_first - drop) if self.energy_first >= 0 else -1
+        return new
 
 
 class Series:
-    """History of one device (or one device group): a timeline, the windowed quantities
-    (fixed by the first append; a new quantity later restarts the history), the latest
-    memory limit and power, and the cumulative energy in joules for interpolation."""
+    """History of one device (or one device group): the windowed quantities (fixed by
+    the first append; a new quantity later restarts the history), the latest memory
+    limit and power, and the cumulative energy in joules for interpolation."""
 
-    __slots__ = (
-        "_cap", "_energy", "_energy_first", "_keys", "_last", "_levels", "_max", "_max_keys", "_mean_keys",
-        "_q", "_sum", "_sumx", "_val", "last_power_w", "limit", "timeline",
-    )  # fmt: skip
+    __slots__ = ("_cap", "_h", "_last", "_levels", "last_power_w", "limit")
 
     def __init__(self, capacity: int) -> None:
-        self._cap = capacity
-        self._levels = max(1, capacity.bit_length())
+        self._cap = max(1, capacity)
+        self._levels = self._cap.bit_length()  # 2^(levels-1) <= capacity: every window length
         self.limit: float | None = None
         self.last_power_w: float | None = None
-        self._reset(())
-
-    def _reset(self, keys: tuple[str, ...]) -> None:
-        cap, q = self._cap, len(keys)
-        self.timeline = Timeline(cap)
-        self._keys = keys
-        self._mean_keys = tuple(k + ".mean" for k in keys)
-        self._max_keys = tuple(k + ".max" for k in keys)
-        self._q = q
-        zeros = array("d", bytes(8 * cap * q))
-        self._val = array("d", zeros)
-        self._sum = array("d", zeros)
-        self._sumx = array("d", zeros)
-        self._max = [array("d", zeros) for _ in range(self._levels)] if q else []
-        self._last: list[float] = [0.0] * q
-        self._energy = array("d", bytes(8 * cap))
-        self._energy_first = -1
+        self._h = _History((), self._levels)
+        self._last: Row = ()
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return self._keys
+        return self._h.keys
 
+    # ------------------------------------------------------------------ writer
     def append(
         self,
         t_ns: int,
@@ -136,84 +153,172 @@ class Series:
         maxes: Mapping[str, float] | None = None,
         energy_j: float | None = None,
     ) -> None:
-        """One sample. A quantity missing from ``means`` repeats its last value."""
-        if any(k not in self._keys for k in means):
-            self._reset(self._keys + tuple(k for k in means if k not in self._keys))
-        keys, last = self._keys, self._last
-        row = [means.get(k, last[i]) for i, k in enumerate(keys)]
+        """One sample. A quantity missing from ``means`` (or not finite: a NaN would
+        poison every later running sum) repeats its last value."""
+        h = self._h
+        keys = h.keys
+        fresh = [k for k, v in means.items() if k not in keys and isfinite(v)]
+        if fresh:
+            # No window may mix samples with and without a quantity: start over, keeping
+            # the last values so that a quantity absent from this pass still repeats.
+            old = dict(zip(keys, self._last, strict=True))
+            h = self._h = _History(keys + tuple(fresh), self._levels)
+            keys = h.keys
+            self._last = tuple(old.get(k, 0.0) for k in keys)
+        row = tuple(v if (v := means.get(k)) is not None and isfinite(v) else last
+                    for k, last in zip(keys, self._last, strict=True))  # fmt: skip
         self._last = row
-        index = self.timeline.append(t_ns)
-        if energy_j is not None:
-            if self._energy_first < 0:
-                self._energy_first = index
-            self._energy[index % self._cap] = energy_j
-        if keys:
-            peaks = row if maxes is None else [maxes.get(k, v) for k, v in zip(keys, row, strict=True)]
-            self._store(index, row, peaks)
+        peaks = row
+        if maxes is not None:
+            peaks = tuple(m if (m := maxes.get(k)) is not None and isfinite(m) else v
+                          for k, v in zip(keys, row, strict=True))  # fmt: skip
+        self._push(h, t_ns, row, peaks, energy_j)
+        if len(h.ts) >= self._cap + max(1, self._cap // _GROWTH_DIVISOR):
+            self._h = h.newest(self._cap)
 
-    def _store(self, index: int, row: list[float], peaks: list[float]) -> None:
-        cap, q = self._cap, self._q
-        base = (index % cap) * q
-        end = base + q
-        values = array("d", row)
-        self._val[base:end] = values
-        if index:
-            prev = ((index - 1) % cap) * q
-            self._sumx[base:end] = self._sum[prev : prev + q]
-            self._sum[base:end] = array("d", map(add, self._sum[prev : prev + q], values))
-        else:
-            self._sumx[base:end] = array("d", bytes(8 * q))
-            self._sum[base:end] = values
-        levels = self._max
-        levels[0][base:end] = array("d", peaks)
-        span = 1
-        for k in range(1, self._levels):
-            if index - 2 * span + 1 < 0:
-                break
+    def _push(self, h: _History, t_ns: int, row: Row, peaks: Row, energy_j: float | None) -> None:
+        pos = len(h.ts)
+        kernels = h.kernels
+        h.vals.append(row)
+        h.prefix.append(kernels.add(h.prefix[pos], row))
+        levels = h.levels
+        levels[0].append(peaks)
+        half = 1
+        for k in range(1, len(levels)):
             below = levels[k - 1]
-            left = ((index - span) % cap) * q
-            levels[k][base:end] = array("d", map(max, below[left : left + q], below[base:end]))
-            span *= 2
+            left = pos - half
+            # left < 0 only in the first history: that entry is never used by a query.
+            levels[k].append(below[pos] if left < 0 else kernels.peak(below[left], below[pos]))
+            half *= 2
+        if energy_j is None or not isfinite(energy_j):
+            energy_j = h.energy[-1] if h.energy_first >= 0 else 0.0
+        elif h.energy_first < 0:
+            h.energy_first = pos
+        h.energy.append(energy_j)
+        h.ts.append(t_ns)  # last: publishes the sample to readers
 
-    def aggregate(self, a: int, b: int, out: dict[str, float | int | str]) -> None:
-        """``<key>.mean`` / ``<key>.max`` over absolute indices ``a..b`` (both retained)."""
-        q, cap = self._q, self._cap
-        if not q:
-            return
-        n = b - a + 1
-        k = n.bit_length() - 1
-        level = self._max[k]
-        i = ((a + (1 << k) - 1) % cap) * q
-        j = (b % cap) * q
-        ia = (a % cap) * q
-        out.update(zip(self._max_keys, map(max, level[i : i + q], level[j : j + q]), strict=True))
-        sums = map(sub, self._sum[j : j + q], self._sumx[ia : ia + q])
-        out.update(zip(self._mean_keys, map(truediv, sums, repeat(n)), strict=False))  # repeat() is endless
+    # ------------------------------------------------------------------ readers
+    def attributes(self, start: int, end: int, period: int, stale: int, ids: str) -> Attrs | None:
+        """Span attributes over ``[start, end]``: ``<key>.mean``/``<key>.max`` over the
+        samples inside when the span is longer than ``period``; otherwise, or when none
+        fall inside, the plain ``<key>`` values of the sample nearest the midpoint unless
+        that is further than half the span plus ``stale`` from it. Plus the memory limit
+        and ``hw.gpu.id`` = ``ids``. ``None`` when there is nothing trustworthy."""
+        h = self._h
+        ts = h.ts
+        count = len(ts)
+        oldest = count - self._cap
+        if end - start > period:
+            a = bisect_left(ts, start)
+            if a < oldest:  # noqa: PLR1730 - a max() call costs ~10 compares on this per-span path
+                a = oldest
+            b = bisect_right(ts, end) - 1
+            if b >= a:
+                n = b - a + 1
+                k = n.bit_length() - 1
+                level = h.levels[k]
+                limit = self.limit
+                out = h.kernels.aggregate(h.prefix[b + 1], h.prefix[a], level[b], level[a + (1 << k) - 1], n,
+                                          limit, ids)  # fmt: skip
+                if limit is None:  # memory query unsupported: no limit attribute
+                    del out[HW_GPU_MEMORY_LIMIT]
+                return out
+        mid = (start + end) // 2
+        pos = _nearest(ts, mid, oldest)
+        if pos < 0 or abs(ts[pos] - mid) > (end - start) // 2 + stale:
+            return None
+        limit = self.limit
+        out = h.kernels.point(h.vals[pos], limit, ids)
+        if limit is None:
+            del out[HW_GPU_MEMORY_LIMIT]
+        return out
 
-    def point(self, index: int, out: dict[str, float | int | str]) -> None:
-        """Plain keys: the values of sample ``index`` (the across-device mean for a group)."""
-        q = self._q
-        base = (index % self._cap) * q
-        out.update(zip(self._keys, self._val[base : base + q], strict=True))
+    def energy_between(self, start: int, end: int, max_extrapolate_ns: int) -> float | None:
+        """Joules between two instants (see :meth:`energy_at`); never negative."""
+        h = self._h
+        e0 = _energy_at(h, self._cap, start, max_extrapolate_ns, self.last_power_w)
+        if e0 is None:
+            return None
+        e1 = _energy_at(h, self._cap, end, max_extrapolate_ns, self.last_power_w)
+        return None if e1 is None else max(0.0, e1 - e0)
 
     def energy_at(self, t_ns: int, max_extrapolate_ns: int) -> float | None:
         """Cumulative energy (J) at ``t_ns``: interpolated between samples; extrapolated from
         the last power reading for at most ``max_extrapolate_ns`` past the newest sample."""
-        first = self._energy_first
-        if first < 0:
+        return _energy_at(self._h, self._cap, t_ns, max_extrapolate_ns, self.last_power_w)
+
+    # ------------------------------------------------------------------ by sample index
+    # Absolute sample indices (0 = the first sample of this history): for tests and tools.
+    @property
+    def oldest(self) -> int:
+        """Absolute index of the oldest sample still used."""
+        h = self._h
+        return h.base + max(0, len(h.ts) - self._cap)
+
+    def window(self, start_ns: int, end_ns: int) -> tuple[int, int]:
+        """Absolute indices ``(a, b)`` of the samples inside ``[start_ns, end_ns]``; ``b < a`` if none."""
+        h = self._h
+        a = max(bisect_left(h.ts, start_ns), len(h.ts) - self._cap)
+        return h.base + a, h.base + bisect_right(h.ts, end_ns) - 1
+
+    def nearest(self, t_ns: int) -> int:
+        """Absolute index of the retained sample closest to ``t_ns``; -1 when there is none."""
+        h = self._h
+        pos = _nearest(h.ts, t_ns, len(h.ts) - self._cap)
+        return -1 if pos < 0 else h.base + pos
+
+    def aggregate(self, a: int, b: int) -> Attrs:
+        """``<key>.mean`` / ``<key>.max`` over absolute indices ``a..b`` (both retained)."""
+        h = self._h
+        a, b = a - h.base, b - h.base
+        n = b - a + 1
+        k = n.bit_length() - 1
+        level = h.levels[k]
+        out = h.kernels.aggregate(h.prefix[b + 1], h.prefix[a], level[b], level[a + (1 << k) - 1], n, None, "")
+        del out[HW_GPU_MEMORY_LIMIT], out[HW_GPU_ID]
+        return out
+
+    def point(self, index: int) -> Attrs:
+        """Plain keys: the values of sample ``index`` (the across-device mean for a group)."""
+        h = self._h
+        out = h.kernels.point(h.vals[index - h.base], None, "")
+        del out[HW_GPU_MEMORY_LIMIT], out[HW_GPU_ID]
+        return out
+
+
+def _nearest(ts: list[int], t_ns: int, oldest: int) -> int:
+    """Position closest to ``t_ns`` among ``ts[oldest:]`` (the earlier one on a tie); -1 when empty."""
+    count = len(ts)
+    if not count:
+        return -1
+    pos = bisect_left(ts, t_ns)
+    if pos >= count:
+        return count - 1
+    if oldest < 0:  # noqa: PLR1730 - as above, a compare is cheaper than max()
+        oldest = 0
+    if pos <= oldest:
+        return oldest
+    if t_ns - ts[pos - 1] <= ts[pos] - t_ns:
+        return pos - 1
+    return pos
+
+
+def _energy_at(h: _History, cap: int, t_ns: int, max_extrapolate_ns: int, power_w: float | None) -> float | None:
+    first = h.energy_first
+    if first < 0:
+        return None
+    ts = h.ts
+    count = len(ts)  # read once: the writer may append meanwhile, and positions below stay valid
+    lo = max(first, count - cap)  # oldest position holding energy
+    if lo >= count or t_ns < ts[lo]:
+        return None
+    energy = h.energy
+    pos = bisect_right(ts, t_ns, 0, count) - 1
+    if pos >= count - 1:
+        over = t_ns - ts[count - 1]
+        if over > max_extrapolate_ns:
             return None
-        tl = self.timeline
-        ts, base, cap = tl._ts, tl._base, self._cap
-        lo = max(first, base, base + len(ts) - cap) - base  # oldest position holding energy
-        if lo >= len(ts) or t_ns < ts[lo]:
-            return None
-        energy = self._energy
-        pos = bisect_right(ts, t_ns) - 1
-        if pos >= len(ts) - 1:
-            over = t_ns - ts[-1]
-            if over > max_extrapolate_ns:
-                return None
-            return energy[(base + len(ts) - 1) % cap] + (self.last_power_w or 0.0) * over / 1e9
-        t0, t1 = ts[pos], ts[pos + 1]
-        e0, e1 = energy[(base + pos) % cap], energy[(base + pos + 1) % cap]
-        return e0 + (e1 - e0) * (t_ns - t0) / (t1 - t0) if t1 > t0 else e1
+        return energy[count - 1] + (power_w or 0.0) * over / 1e9
+    t0, t1 = ts[pos], ts[pos + 1]
+    e0, e1 = energy[pos], energy[pos + 1]
+    return e0 + (e1 - e0) * (t_ns - t0) / (t1 - t0) if t1 > t0 else e1

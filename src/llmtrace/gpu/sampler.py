@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from math import isfinite
 from types import TracebackType
 
 from llmtrace.gpu import _process
@@ -44,7 +45,6 @@ from llmtrace.gpu._state import (
     Snapshot,
     announce,
     energy_between,
-    fill,
     group_values,
     ids,
     split_energy_by_tokens,
@@ -61,7 +61,7 @@ from llmtrace.gpu.backend import (
     Unavailable,
 )
 from llmtrace.gpu.devices import GpuDevice, resolve_devices
-from llmtrace.semconv import HW_GPU_ID, HW_GPU_MEMORY_LIMIT, HW_GPU_POWER
+from llmtrace.semconv import HW_GPU_MEMORY_LIMIT, HW_GPU_POWER
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -112,6 +112,7 @@ class GpuSampler:
             raise ValueError("interval_s must be > 0")
         self.interval_s = float(interval_s)
         self._period_ns = int(interval_s * 1e9)
+        self._stale_ns = STALE_PERIODS * self._period_ns
         self.selection = devices  # as given: 'visible', 'all' or ordinals/ids
         self._backend: NvmlBackend = backend if backend is not None else PynvmlBackend()
         self._capacity = capacity
@@ -125,7 +126,7 @@ class GpuSampler:
 
     def _init_runtime_state(self) -> None:
         """Everything a forked child must not inherit."""
-        self._lock = threading.Lock()  # guards series/state between sampler and readers
+        self._lock = threading.Lock()  # serialises writers and the slow readers (status, device subsets)
         self._nvml_lock = threading.Lock()  # held for a whole NVML pass; taken by the fork hook
         self._stop_event = threading.Event()
         self._ready = threading.Event()
@@ -138,9 +139,10 @@ class GpuSampler:
         self._fork_locked = False
         self._devices: list[DeviceState] = []
         self._group: Series | None = None
-        self._default: Series | None = None  # what span_attributes() reads without device_indices
+        # What span_attributes()/energy_j() read without device_indices, lock-free: the
+        # series and the ids of the devices in it, swapped together by one store.
+        self._view: tuple[Series, str] | None = None
         self._group_energy: float | None = None
-        self._ids = ""
         self._history: deque[Snapshot] = deque(maxlen=HISTORY)
         self._passes = 0
         self._thread_cpu_s = 0.0
@@ -203,8 +205,8 @@ class GpuSampler:
         with self._lock:
             self._devices = [DeviceState(d, self._capacity) for d in found]
             self._group = Series(self._capacity) if len(found) > 1 else None
-            self._default = self._group or self._devices[0].series
-            self._ids = ",".join(d.device_id for d in found)
+            default = self._group if self._group is not None else self._devices[0].series
+            self._view = (default, ids(self._devices))
         return True
 
     def _set_unavailable(self, reason: Unavailable, detail: str) -> bool:
@@ -331,9 +333,8 @@ class GpuSampler:
     def _mark_lost(self, state: DeviceState, why: str) -> None:
         state.lost = True
         live = [d for d in self._devices if not d.lost]
-        self._ids = ids(live)
-        if not live:
-            self._default = None
+        view = self._view
+        self._view = (view[0], ids(live)) if view is not None and live else None
         _log.warning(
             "llmtrace GPU %s (%s) %s; its hw.gpu.* attributes are omitted from now on",
             state.device.device_id, state.device.uuid, why,
@@ -354,7 +355,8 @@ class GpuSampler:
             reading = by_device.get(state.device.device_id)
             if reading is None:
                 continue
-            state.values.update(reading.values)
+            # A NaN or infinite reading is no reading: the last good value stands.
+            state.values.update((k, v) for k, v in reading.values.items() if isfinite(v))
             energy = update_energy(state, reading.values, t_ns)
             if energy is not None:
                 if state.prev_energy_j is not None:
@@ -427,17 +429,19 @@ class GpuSampler:
         ``device_indices`` are CUDA ordinals (``cuda:N``); default: every sampled device.
         Empty dict when there is nothing trustworthy to say. Never raises.
         """
-        out: Attrs = {}
-        if not self._devices:
-            return out
+        if device_indices is None:
+            view = self._view  # one load: the series and its ids always match
+            if view is None:
+                return {}
+            try:
+                out = view[0].attributes(start_mono_ns, end_mono_ns, self._period_ns, self._stale_ns, view[1])
+            except Exception:  # noqa: BLE001 - annotation must never break span export
+                _log.debug("span_attributes failed", exc_info=True)
+                return {}
+            return {} if out is None else out
         try:
             with self._lock:
-                if device_indices is not None:
-                    return subset(self._devices, start_mono_ns, end_mono_ns, self._period_ns, indices=device_indices)
-                series = self._default
-                if series is not None and fill(series, start_mono_ns, end_mono_ns, self._period_ns, out):
-                    out[HW_GPU_ID] = self._ids
-                return out
+                return subset(self._devices, start_mono_ns, end_mono_ns, self._period_ns, indices=device_indices)
         except Exception:  # noqa: BLE001 - annotation must never break span export
             _log.debug("span_attributes failed", exc_info=True)
             return {}
@@ -452,15 +456,12 @@ class GpuSampler:
         power integrated over the samples where a device has no counter. ``None`` when no
         device covers the interval.
         """
-        slack = STALE_PERIODS * self._period_ns
         try:
-            with self._lock:
-                series = self._default
-                if device_indices is None and series is not None:
-                    e0 = series.energy_at(start_mono_ns, slack)
-                    e1 = series.energy_at(end_mono_ns, slack)
-                    return None if e0 is None or e1 is None else max(0.0, e1 - e0)
-                return energy_between(self._devices, start_mono_ns, end_mono_ns, slack, device_indices)
+            view = self._view
+            if device_indices is None and view is not None:
+                return view[0].energy_between(start_mono_ns, end_mono_ns, self._stale_ns)
+            with self._lock:  # a subset, or every device lost: their histories still hold past steps
+                return energy_between(self._devices, start_mono_ns, end_mono_ns, self._stale_ns, device_indices)
         except Exception:  # noqa: BLE001 - telemetry never raises into the host
             _log.debug("energy_j failed", exc_info=True)
             return None
