@@ -201,3 +201,22 @@ def test_energy_before_the_first_counter_reading_and_after_wrapping() -> None:
         series.append(i * 100, {}, None, float(i - 1))  # 1 J per 100 ns
     assert pytest.approx(2.5) == series.energy_between(3_600, 3_850, 0)
     assert series.energy_at(3_400, 0) is None  # older than the kept samples
+
+
+def test_energy_between_equals_the_difference_of_cumulative_energies() -> None:
+    """The one-bisection shortcuts (both ends between the same two samples, or both after
+    the newest) give exactly what two independent lookups give, across history copies."""
+    rng = random.Random(5)
+    series = Series(8)
+    series.last_power_w = 250.0
+    t, joules = 0, 0.0
+    for _ in range(40):
+        t += rng.choice((PERIOD, PERIOD - 3, 2 * PERIOD))
+        joules += rng.uniform(0, 30)
+        series.append(t, {}, None, joules)
+        for _ in range(40):
+            start = rng.randint(t - 12 * PERIOD, t + 3 * PERIOD)
+            end = start + rng.choice((0, 1, PERIOD // 5, PERIOD, rng.randint(-PERIOD, 10 * PERIOD)))
+            e0, e1 = series.energy_at(start, STALE), series.energy_at(end, STALE)
+            expected = None if e0 is None or e1 is None else max(0.0, e1 - e0)
+            assert expected == series.energy_between(start, end, STALE)

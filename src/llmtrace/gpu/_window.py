@@ -98,10 +98,20 @@ def _kernels(keys: tuple[str, ...]) -> _Kernels:
     return _Kernels(namespace["aggregate"], namespace["point"], namespace["peak"], namespace["add"])  # type: ignore[arg-type]
 
 
+def _by_length(levels: list[list[Row]]) -> list[tuple[list[Row], int]]:
+    """For each window length ``n`` (index), the sparse-table level ``k`` with
+    ``2^k <= n < 2^(k+1)`` and ``2^k - 1``: a list index instead of ``n.bit_length()``
+    and a shift per span. Long enough for any window a history can hold (< 2^levels)."""
+    table: list[tuple[list[Row], int]] = [(levels[0], 0)]  # n = 0 is never asked
+    for k, level in enumerate(levels):
+        table.extend([(level, (1 << k) - 1)] * (1 << k))
+    return table
+
+
 class _History:
     """One generation of a series' samples: parallel lists that only grow (``ts`` last)."""
 
-    __slots__ = ("base", "energy", "energy_first", "kernels", "keys", "levels", "prefix", "ts", "vals")
+    __slots__ = ("base", "by_length", "energy", "energy_first", "kernels", "keys", "levels", "prefix", "ts", "vals")
 
     def __init__(self, keys: tuple[str, ...], levels: int) -> None:
         self.keys = keys
@@ -111,6 +121,7 @@ class _History:
         self.vals: list[Row] = []  # the values (for a group: the per-pass means)
         self.prefix: list[Row] = [(0.0,) * len(keys)]
         self.levels: list[list[Row]] = [[] for _ in range(levels)]
+        self.by_length = _by_length(self.levels)
         self.energy: list[float] = []  # cumulative joules; 0.0 before energy_first
         self.energy_first = -1  # position of the first sample with energy, -1 if none yet
 
@@ -121,6 +132,7 @@ class _History:
         new.keys, new.kernels, new.base = self.keys, self.kernels, self.base + drop
         new.ts, new.vals, new.prefix = self.ts[drop:], self.vals[drop:], self.prefix[drop:]
         new.levels = [level[drop:] for level in self.levels]
+        new.by_length = _by_length(new.levels)
         new.energy = self.energy[drop:]
         new.energy_first = max(0, self.energy_first - drop) if self.energy_first >= 0 else -1
         return new
@@ -206,20 +218,22 @@ class Series:
         and ``hw.gpu.id`` = ``ids``. ``None`` when there is nothing trustworthy."""
         h = self._h
         ts = h.ts
-        count = len(ts)
+        count = len(ts)  # positions below stay valid whatever the writer appends meanwhile
+        if not count:
+            return None
         oldest = count - self._cap
         if end - start > period:
             a = bisect_left(ts, start)
             if a < oldest:  # noqa: PLR1730 - a max() call costs ~10 compares on this per-span path
                 a = oldest
-            b = bisect_right(ts, end) - 1
+            # A span is mostly annotated as it ends, after the newest sample: no bisection then.
+            b = count - 1 if end >= ts[count - 1] else bisect_right(ts, end, 0, count) - 1
             if b >= a:
                 n = b - a + 1
-                k = n.bit_length() - 1
-                level = h.levels[k]
+                level, shift = h.by_length[n]
+                prefix = h.prefix
                 limit = self.limit
-                out = h.kernels.aggregate(h.prefix[b + 1], h.prefix[a], level[b], level[a + (1 << k) - 1], n,
-                                          limit, ids)  # fmt: skip
+                out = h.kernels.aggregate(prefix[b + 1], prefix[a], level[b], level[a + shift], n, limit, ids)
                 if limit is None:  # memory query unsupported: no limit attribute
                     del out[HW_GPU_MEMORY_LIMIT]
                 return out
@@ -236,11 +250,33 @@ class Series:
     def energy_between(self, start: int, end: int, max_extrapolate_ns: int) -> float | None:
         """Joules between two instants (see :meth:`energy_at`); never negative."""
         h = self._h
-        e0 = _energy_at(h, self._cap, start, max_extrapolate_ns, self.last_power_w)
-        if e0 is None:
+        first = h.energy_first
+        ts = h.ts
+        count = len(ts)
+        lo = count - self._cap
+        if lo < first:  # noqa: PLR1730 - cheaper than max() on this per-step path
+            lo = first
+        if first < 0 or lo >= count or start < ts[lo] or end < ts[lo]:
             return None
-        e1 = _energy_at(h, self._cap, end, max_extrapolate_ns, self.last_power_w)
-        return None if e1 is None else max(0.0, e1 - e0)
+        energy, last, power_w = h.energy, count - 1, self.last_power_w or 0.0
+        t_last = ts[last]
+        # The two usual steps take one bisection at most; the arithmetic is _cumulative's.
+        if start >= t_last and end >= start:  # after the newest sample: both extrapolated
+            if end - t_last > max_extrapolate_ns:
+                return None
+            e_last = energy[last]
+            joules = (e_last + power_w * (end - t_last) / 1e9) - (e_last + power_w * (start - t_last) / 1e9)
+        elif start <= end < ts[pos := bisect_right(ts, start, 0, last)]:  # both between two samples
+            t0, t1, e0 = ts[pos - 1], ts[pos], energy[pos - 1]
+            de, dt = energy[pos] - e0, t1 - t0
+            joules = (e0 + de * (end - t0) / dt) - (e0 + de * (start - t0) / dt)
+        else:
+            at_start = _cumulative(ts, energy, last, start, max_extrapolate_ns, power_w)
+            at_end = _cumulative(ts, energy, last, end, max_extrapolate_ns, power_w)
+            if at_start is None or at_end is None:
+                return None
+            joules = at_end - at_start
+        return joules if joules > 0.0 else 0.0  # == max(0.0, joules), without a builtin call
 
     def energy_at(self, t_ns: int, max_extrapolate_ns: int) -> float | None:
         """Cumulative energy (J) at ``t_ns``: interpolated between samples; extrapolated from
@@ -305,20 +341,21 @@ def _nearest(ts: list[int], t_ns: int, oldest: int) -> int:
 
 def _energy_at(h: _History, cap: int, t_ns: int, max_extrapolate_ns: int, power_w: float | None) -> float | None:
     first = h.energy_first
-    if first < 0:
-        return None
     ts = h.ts
     count = len(ts)  # read once: the writer may append meanwhile, and positions below stay valid
     lo = max(first, count - cap)  # oldest position holding energy
-    if lo >= count or t_ns < ts[lo]:
+    if first < 0 or lo >= count or t_ns < ts[lo]:
         return None
-    energy = h.energy
-    pos = bisect_right(ts, t_ns, 0, count) - 1
-    if pos >= count - 1:
-        over = t_ns - ts[count - 1]
-        if over > max_extrapolate_ns:
-            return None
-        return energy[count - 1] + (power_w or 0.0) * over / 1e9
+    return _cumulative(ts, h.energy, count - 1, t_ns, max_extrapolate_ns, power_w or 0.0)
+
+
+def _cumulative(ts: list[int], energy: list[float], last: int, t_ns: int, slack: int, power_w: float) -> float | None:
+    """Energy at ``t_ns`` (not before the oldest usable sample), ``last`` the newest position."""
+    t_last = ts[last]
+    if t_ns >= t_last:
+        over = t_ns - t_last
+        return None if over > slack else energy[last] + power_w * over / 1e9
+    pos = bisect_right(ts, t_ns, 0, last) - 1
     t0, t1 = ts[pos], ts[pos + 1]
     e0, e1 = energy[pos], energy[pos + 1]
     return e0 + (e1 - e0) * (t_ns - t0) / (t1 - t0) if t1 > t0 else e1
