@@ -164,6 +164,55 @@ def test_lost_device_is_logged_once_and_omitted(caplog: pytest.LogCaptureFixture
     assert sampler.energy_j(t[2], t[8], device_indices=[1]) is None
 
 
+def test_span_across_a_device_loss_aggregates_what_each_pass_had() -> None:
+    """A device lost in the middle of a span: the group's passes before the loss sum both
+    devices' power, the passes after only the survivor's; hw.gpu.id names the survivor."""
+    backend = RecordedBackend()
+    sampler, clock = _sampler(backend, visible="0,1")
+    t = _passes(sampler, clock, 10)
+    backend.lost.add(1)
+    t += _passes(sampler, clock, 10)
+    p0, p1 = _recorded(0, "power_mw", range(20)), _recorded(1, "power_mw", range(10))
+    per_pass = [(p0[k] + p1[k]) / 1000 for k in range(5, 10)] + [p0[k] / 1000 for k in range(10, 15)]
+    attrs = sampler.span_attributes(t[5], t[14])
+    assert "0" == attrs[HW_GPU_ID]
+    assert pytest.approx(sum(per_pass) / len(per_pass)) == attrs[HW_GPU_POWER + ".mean"]
+    assert max(per_pass) == attrs[HW_GPU_POWER + ".max"]
+
+
+def test_only_device_lost_leaves_spans_bare_but_past_energy_known() -> None:
+    """With its only device lost, the sampler attaches nothing to spans, while a step
+    taken before the loss still gets its energy from the device's history."""
+    backend = RecordedBackend()
+    sampler, clock = _sampler(backend)
+    t = _passes(sampler, clock, 10)
+    backend.lost.add(0)
+    _passes(sampler, clock, 2)
+    e = _recorded(0, "energy_mj", range(10))
+    assert {} == sampler.span_attributes(t[2], t[8])
+    assert pytest.approx((e[8] - e[2]) / 1000) == sampler.energy_j(t[2], t[8])
+
+
+def test_nan_readings_are_skipped_and_the_last_good_value_stands() -> None:
+    """A device answering NaN for power on every third pass: those passes repeat the
+    previous power, so the span's mean and max stay finite and exact."""
+
+    class NanPower(RecordedBackend):
+        def power_mw(self, handle: object) -> int:
+            value = super().power_mw(handle)
+            return float("nan") if self.calls[(handle, "power_mw")] % 3 == 0 else value  # type: ignore[return-value]
+
+    sampler, clock = _sampler(NanPower())
+    t = _passes(sampler, clock, 20)
+    p = [w / 1000 for w in _recorded(0, "power_mw", range(20))]
+    seen: list[float] = []
+    for k in range(20):
+        seen.append(seen[-1] if (k + 1) % 3 == 0 else p[k])
+    attrs = sampler.span_attributes(t[4], t[15])
+    assert pytest.approx(sum(seen[4:16]) / 12) == attrs[HW_GPU_POWER + ".mean"]
+    assert max(seen[4:16]) == attrs[HW_GPU_POWER + ".max"]
+
+
 def test_device_failing_every_query_three_passes_is_declared_lost(caplog: pytest.LogCaptureFixture) -> None:
     """Unknown errors on every query: each (query, error) logged once, lost after 3 passes."""
     backend = RecordedBackend()
@@ -280,3 +329,26 @@ def test_readers_concurrent_with_a_wrapping_ring_stay_consistent() -> None:
             assert energy is None or energy >= 0
     assert calls > 100
     assert sampler.status().passes > 16
+
+
+def test_lock_free_readers_see_matching_ids_and_values_while_a_device_is_lost() -> None:
+    """Readers (no lock) racing a 1 ms sampler over a 16-sample history while one of two
+    devices is lost: every answer names a device set that existed and has mean <= max."""
+    backend = RecordedBackend()
+    sampler = GpuSampler(0.001, backend=backend, environ={"CUDA_VISIBLE_DEVICES": "0,1"}, capacity=16)
+    answers = 0
+    with sampler:
+        assert sampler.wait_ready(5)
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            if time.monotonic() > deadline - 0.2:
+                backend.lost.add(1)
+            now = time.monotonic_ns()
+            attrs = sampler.span_attributes(now - 10_000_000, now)
+            if attrs:
+                answers += 1
+                assert attrs[HW_GPU_ID] in ("0,1", "0")
+                if HW_GPU_POWER + ".max" in attrs:
+                    assert float(attrs[HW_GPU_POWER + ".mean"]) <= float(attrs[HW_GPU_POWER + ".max"]) + 1e-9
+    assert answers > 0
+    assert ("1",) == sampler.status().lost_devices
