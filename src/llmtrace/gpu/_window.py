@@ -14,7 +14,7 @@ for the series' quantities (see :func:`_kernels`). Appending costs ``log2(capaci
 tuple maxima, in the sampler thread.
 
 Concurrency: the sampler thread appends while span builders read, and readers take no
-lock. Every list of a :class:`_History` only grows, and ``ts`` is appended last, so any
+lock (CPython's GIL makes each list append atomic and keeps them in order). Every list of a :class:`_History` only grows, and ``ts`` is appended last, so any
 position a reader finds by bisecting ``ts`` already has its sums, maxima, values and
 energy. Nothing is ever overwritten: when the lists reach ``capacity + capacity // 4``
 the writer copies the newest ``capacity`` samples into a new :class:`_History` and
@@ -111,11 +111,15 @@ def _by_length(levels: list[list[Row]]) -> list[tuple[list[Row], int]]:
 class _History:
     """One generation of a series' samples: parallel lists that only grow (``ts`` last)."""
 
-    __slots__ = ("base", "by_length", "energy", "energy_first", "kernels", "keys", "levels", "prefix", "ts", "vals")
+    __slots__ = (
+        "aggregate", "base", "by_length", "energy", "energy_first", "kernels", "keys", "levels", "point", "prefix",
+        "ts", "vals",
+    )  # fmt: skip
 
     def __init__(self, keys: tuple[str, ...], levels: int) -> None:
         self.keys = keys
         self.kernels = _kernels(keys)
+        self.aggregate, self.point = self.kernels.aggregate, self.kernels.point  # one attribute hop per span
         self.base = 0  # absolute sample index of position 0
         self.ts: list[int] = []
         self.vals: list[Row] = []  # the values (for a group: the per-pass means)
@@ -130,6 +134,7 @@ class _History:
         drop = len(self.ts) - keep
         new = _History.__new__(_History)
         new.keys, new.kernels, new.base = self.keys, self.kernels, self.base + drop
+        new.aggregate, new.point = self.aggregate, self.point
         new.ts, new.vals, new.prefix = self.ts[drop:], self.vals[drop:], self.prefix[drop:]
         new.levels = [level[drop:] for level in self.levels]
         new.by_length = _by_length(new.levels)
@@ -233,7 +238,7 @@ class Series:
                 level, shift = h.by_length[n]
                 prefix = h.prefix
                 limit = self.limit
-                out = h.kernels.aggregate(prefix[b + 1], prefix[a], level[b], level[a + shift], n, limit, ids)
+                out = h.aggregate(prefix[b + 1], prefix[a], level[b], level[a + shift], n, limit, ids)
                 if limit is None:  # memory query unsupported: no limit attribute
                     del out[HW_GPU_MEMORY_LIMIT]
                 return out
@@ -242,7 +247,7 @@ class Series:
         if pos < 0 or abs(ts[pos] - mid) > (end - start) // 2 + stale:
             return None
         limit = self.limit
-        out = h.kernels.point(h.vals[pos], limit, ids)
+        out = h.point(h.vals[pos], limit, ids)
         if limit is None:
             del out[HW_GPU_MEMORY_LIMIT]
         return out
