@@ -12,7 +12,6 @@ Two repairs happen here, once, so that no analyzer has to care:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from operator import attrgetter
 from typing import Any
@@ -72,7 +71,7 @@ def adjust_clock_skew(spans: list[Span]) -> list[Span]:
     while stack:
         span, skew = stack.pop()
         moved = (
-            span if skew == 0 else dataclasses.replace(span, start_ns=span.start_ns + skew, end_ns=span.end_ns + skew)
+            span if skew == 0 else span._replace(start_ns=span.start_ns + skew, end_ns=span.end_ns + skew)
         )
         out[span.span_id] = moved
         for child in kids.get(span.span_id, ()):

@@ -2,9 +2,9 @@
 
 Sources (OTLP JSON, Jaeger v3, legacy Jaeger JSON) all produce :class:`Span` objects with
 integer-nanosecond times and hex ids; nothing downstream knows which format a span came
-from. Spans are frozen ``__slots__`` dataclasses so a million of them fit in well under a
-gigabyte: ids and names are interned (a trace id is shared by every span of the trace), and
-resource attributes are one shared mapping per exporting process, not a copy per span.
+from. Spans are named tuples so a million of them fit in well under a gigabyte: ids and
+names are interned (a trace id is shared by every span of the trace), and resource
+attributes are one shared mapping per exporting process, not a copy per span.
 
 Views join the two halves of the span model (docs/span-model.md):
 
@@ -19,7 +19,7 @@ capping. Span links from ``llm.step`` to ``llm.request`` are used where present.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import IntEnum
 from operator import attrgetter
 from types import MappingProxyType
@@ -63,9 +63,14 @@ class Link(NamedTuple):
     span_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class Span:
-    """One span, normalised. Times are Unix-epoch nanoseconds; ids are lowercase hex."""
+class Span(NamedTuple):
+    """One span, normalised. Times are Unix-epoch nanoseconds; ids are lowercase hex.
+
+    A named tuple, like :class:`Link`: a million are built per analysis, and the decoder
+    makes them in C (``tuple.__new__`` over zipped columns) at half the cost of a slots
+    class's ``__init__``; fields read as fast as slots. Spans without attributes share
+    :data:`EMPTY_ATTRS`.
+    """
 
     trace_id: str
     span_id: str
@@ -75,10 +80,10 @@ class Span:
     end_ns: int
     kind: SpanKind = SpanKind.INTERNAL
     status: StatusCode = StatusCode.UNSET
-    attributes: Attributes = field(default_factory=dict)
+    attributes: Attributes = EMPTY_ATTRS
     links: tuple[Link, ...] = ()
     service: str = ""
-    resource: Attributes = field(default_factory=lambda: EMPTY_ATTRS)
+    resource: Attributes = EMPTY_ATTRS
 
     @property
     def duration_ns(self) -> int:
@@ -88,14 +93,13 @@ class Span:
         return self.attributes.get(key, default)
 
 
-# A frozen dataclass's __init__ goes through object.__setattr__ per field: 3.4 µs for a Span,
-# most of the analyzer's per-span budget (docs/analysis.md, "Performance"). The hot paths
-# build objects through a mutable twin with the identical slot layout and then retag them
-# as the frozen class — from then on they are ordinary frozen instances. 1.1 µs.
+# A frozen dataclass's __init__ goes through object.__setattr__ per field: 3.4 µs for a
+# Trace, more than the analyzer's per-span budget (docs/analysis.md, "Performance"). The hot
+# paths build objects through a mutable twin with the identical slot layout and then retag
+# them as the frozen class — from then on they are ordinary frozen instances.
 def builder_class(cls: type[Any]) -> Any:
     """The mutable twin of the frozen slots dataclass ``cls``: same slots, plain ``__init__``.
-    ``obj = twin(*fields); obj.__class__ = cls`` makes a frozen ``cls`` instance (the parse
-    loop inlines this to save a call per span)."""
+    ``obj = twin(*fields); obj.__class__ = cls`` makes a frozen ``cls`` instance."""
     return dataclass(slots=True)(type(f"_{cls.__name__}Builder", (), {"__annotations__": dict(cls.__annotations__)}))
 
 
@@ -111,10 +115,6 @@ def fast_constructor(cls: type[_F]) -> Callable[..., _F]:
         return out
 
     return make
-
-
-new_span: Callable[..., Span] = fast_constructor(Span)
-SpanBuilder: Any = builder_class(Span)
 
 
 _START = attrgetter("start_ns")

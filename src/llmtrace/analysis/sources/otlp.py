@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from llmtrace.analysis.errors import SourceError
-from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode, new_span
+from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
 
 _KIND_NAMES = {
     "SPAN_KIND_UNSPECIFIED": SpanKind.UNSPECIFIED,
@@ -182,7 +182,7 @@ def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], inte
         raise ValueError(f"ends {start - end} ns before it starts")
     links = sp.get("links")
     name = sp["name"]
-    return new_span(
+    fields = (
         tid,
         sid,
         parent or None,
@@ -191,11 +191,12 @@ def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], inte
         end,
         kind,
         code,
-        _attributes(sp.get("attributes"), intern),
+        _attributes(sp.get("attributes"), intern) or EMPTY_ATTRS,
         _links(links, strings) if links else (),
         service,
         resource,
     )
+    return _new_tuple(Span, fields)
 
 
 _new_tuple = tuple.__new__

@@ -4,9 +4,10 @@ The generic reader (:func:`llmtrace.analysis.sources.otlp.spans_from_otlp`) firs
 dict for every JSON object of the document — about 45 Python objects per span — and then
 walks them. Here ``msgspec`` decodes a whole ``ExportTraceServiceRequest`` line into the
 structs below in C (untracked by the cyclic GC, unknown fields skipped without building
-them, integers parsed in place), and one loop turns them into :class:`Span` objects with no
-Python call per span or per attribute. That is most of the analyzer's parse time
-(docs/analysis.md, "Performance").
+them, integers parsed in place, id lengths checked), and each scope's spans become
+:class:`Span` tuples column by column: ``map`` over the decoded structs, interning through
+``dict.setdefault`` and ``tuple.__new__`` over the zipped columns all run in C, so the only
+bytecode per span is for its attributes and links (docs/analysis.md, "Performance").
 
 Exactness: this path only accepts what it converts exactly as the generic one would —
 lowercase-hex-length ids, known numeric or named span kinds, well-typed fields, ``end >=
@@ -23,14 +24,17 @@ every line goes through the generic path.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from itertools import repeat
+from operator import attrgetter, gt
+from typing import Annotated, Any
 
-from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanBuilder, StatusCode
+from llmtrace.analysis.model import EMPTY_ATTRS, Attributes, Link, Span, StatusCode
 from llmtrace.analysis.sources.otlp import _KINDS, _STATUS, Interner, _array, _kvlist
 
 try:
     import msgspec
-    from msgspec import UNSET, Struct, UnsetType
+    from msgspec import UNSET, Meta, Struct, UnsetType
 
     AVAILABLE = True
 except ImportError:  # pragma: no cover - exercised by the no-msgspec test in a subprocess
@@ -42,6 +46,10 @@ class _Fallback(Exception):
 
 
 if AVAILABLE:
+    # Hex ids have exactly these lengths; anything else (base64) is the generic path's to
+    # normalise, and msgspec rejects it here without a Python-level check.
+    _TraceId = Annotated[str, Meta(min_length=32, max_length=32)]
+    _SpanId = Annotated[str, Meta(min_length=16, max_length=16)]
 
     class _Value(Struct, gc=False):
         """OTLP ``AnyValue``: at most one key is set."""
@@ -59,15 +67,15 @@ if AVAILABLE:
         value: _Value
 
     class _Link(Struct, gc=False):
-        traceId: str
-        spanId: str
+        traceId: _TraceId
+        spanId: _SpanId
 
     class _Status(Struct, gc=False):
         code: Any = 0
 
     class _Span(Struct, gc=False):
-        traceId: str
-        spanId: str
+        traceId: _TraceId
+        spanId: _SpanId
         name: str
         startTimeUnixNano: int | str
         endTimeUnixNano: int | str
@@ -110,9 +118,78 @@ def spans_from_line(data: bytes, intern: Interner) -> list[Span] | None:
     if rss is UNSET:
         return None
     try:
-        return _convert(rss or (), intern)
+        return _convert(rss or (), intern.strings)
     except (_Fallback, KeyError, ValueError, TypeError, AttributeError, OverflowError):
         return None
+
+
+def _convert(rss: Any, strings: dict[str, str]) -> list[Span]:
+    out: list[Span] = []
+    sd = strings.setdefault
+    for rs in rss:
+        res = rs.resource
+        rattrs = _attributes(res.attributes, sd) if res is not None and res.attributes else {}
+        svc = rattrs.get("service.name")
+        service = sd(str(svc), str(svc)) if svc is not None else ""
+        resource = rattrs or EMPTY_ATTRS
+        for ss in rs.scopeSpans or rs.instrumentationLibrarySpans or ():
+            if ss.spans:
+                out += _scope_spans(ss.spans, service, resource, sd)
+    return out
+
+
+_TRACE_ID = attrgetter("traceId")
+_SPAN_ID = attrgetter("spanId")
+_PARENT_ID = attrgetter("parentSpanId")
+_NAME = attrgetter("name")
+_START = attrgetter("startTimeUnixNano")
+_END = attrgetter("endTimeUnixNano")
+_KIND = attrgetter("kind")
+_STATUS_OF = attrgetter("status")
+_ATTRIBUTES = attrgetter("attributes")
+_LINKS = attrgetter("links")
+_new_tuple = tuple.__new__
+_UNSET_STATUS = StatusCode.UNSET
+
+
+def _scope_spans(spans: list[Any], service: str, resource: Attributes, sd: Any) -> Iterator[Span]:
+    """The spans of one scope, built column by column (every check mirrors ``otlp._span``;
+    where that function would normalise or record something, the line falls back to it)."""
+    tids = list(map(_TRACE_ID, spans))
+    parents = list(map(_PARENT_ID, spans))
+    if "" in parents:
+        parents = [p or None for p in parents]
+    if not {16}.issuperset(map(len, filter(None, parents))):
+        raise _Fallback
+    names = list(map(_NAME, spans))
+    starts = list(map(int, map(_START, spans)))
+    ends = list(map(int, map(_END, spans)))
+    if any(map(gt, starts, ends)):
+        raise _Fallback
+    kinds = list(map(_KINDS.__getitem__, map(_KIND, spans)))  # KeyError (unknown kind): fallback
+    statuses = list(map(_STATUS_OF, spans))
+    codes = (
+        repeat(_UNSET_STATUS)
+        if statuses.count(None) == len(statuses)
+        else [_STATUS.get(st.code, _UNSET_STATUS) if st is not None else _UNSET_STATUS for st in statuses]
+    )
+    attrs = [_attributes(raw, sd) or EMPTY_ATTRS if raw else EMPTY_ATTRS for raw in map(_ATTRIBUTES, spans)]
+    links = [_links(raw, sd) if raw else () for raw in map(_LINKS, spans)]
+    columns = zip(
+        map(sd, tids, tids),
+        map(_SPAN_ID, spans),
+        parents,
+        map(sd, names, names),
+        starts,
+        ends,
+        kinds,
+        codes,
+        attrs,
+        links,
+        repeat(service),
+        repeat(resource),
+    )
+    return map(_new_tuple, repeat(Span), columns)
 
 
 def _rare_value(v: Any) -> Any:
@@ -129,9 +206,8 @@ def _rare_value(v: Any) -> Any:
     return UNSET
 
 
-def _attributes(raw: list[Any], strings: dict[str, str]) -> dict[str, Any]:
+def _attributes(raw: list[Any], sd: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    sd = strings.setdefault
     for kv in raw:
         v = kv.value
         x = v.stringValue
@@ -155,93 +231,5 @@ def _attributes(raw: list[Any], strings: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-_new_tuple = tuple.__new__
-_UNSET_STATUS = StatusCode.UNSET
-
-
-def _convert(rss: Any, intern: Interner) -> list[Span]:  # noqa: PLR0912, PLR0915 - one loop on purpose
-    # One loop, no call per span or attribute: this is the hot path. Every check mirrors
-    # otlp._span; where that function would normalise (base64 ids) or record something
-    # (unknown kinds), _Fallback hands the whole line to it instead.
-    strings = intern.strings
-    sd = strings.setdefault
-    twin = SpanBuilder
-    out: list[Span] = []
-    append = out.append
-    for rs in rss:
-        res = rs.resource
-        rattrs = _attributes(res.attributes, strings) if res is not None and res.attributes else {}
-        svc = rattrs.get("service.name")
-        service = sd(str(svc), str(svc)) if svc is not None else ""
-        resource = rattrs or EMPTY_ATTRS
-        for ss in rs.scopeSpans or rs.instrumentationLibrarySpans or ():
-            for sp in ss.spans or ():
-                tid = sp.traceId
-                sid = sp.spanId
-                parent = sp.parentSpanId
-                if len(tid) != 32 or len(sid) != 16 or (parent and len(parent) != 16):
-                    raise _Fallback
-                kind = _KINDS.get(sp.kind)
-                if kind is None:
-                    raise _Fallback
-                st = sp.status
-                code = _STATUS.get(st.code, _UNSET_STATUS) if st is not None else _UNSET_STATUS
-                start = int(sp.startTimeUnixNano)
-                end = int(sp.endTimeUnixNano)
-                if end < start:
-                    raise _Fallback
-                raw = sp.attributes
-                if raw:
-                    attrs: dict[str, Any] = {}
-                    for kv in raw:
-                        v = kv.value
-                        x = v.stringValue
-                        if x is not UNSET:
-                            if len(x) < 64:
-                                x = sd(x, x)
-                        else:
-                            x = v.intValue
-                            if x is not UNSET:
-                                x = int(x)
-                            else:
-                                x = v.doubleValue
-                                if x is not UNSET:
-                                    x = float(x)
-                                else:
-                                    x = _rare_value(v)
-                                    if x is UNSET:
-                                        continue
-                        key = kv.key
-                        attrs[sd(key, key)] = x
-                else:
-                    attrs = {}
-                lks = sp.links
-                if lks:
-                    links = []
-                    for ln in lks:
-                        lt = ln.traceId
-                        ls = ln.spanId
-                        if len(lt) != 32 or len(ls) != 16:
-                            raise _Fallback
-                        links.append(_new_tuple(Link, (sd(lt, lt), ls)))
-                    span_links: tuple[Link, ...] = tuple(links)
-                else:
-                    span_links = ()
-                name = sp.name
-                span = twin(
-                    sd(tid, tid),
-                    sid,
-                    parent or None,
-                    sd(name, name),
-                    start,
-                    end,
-                    kind,
-                    code,
-                    attrs,
-                    span_links,
-                    service,
-                    resource,
-                )
-                span.__class__ = Span  # model.builder_class: now an ordinary frozen Span
-                append(span)
-    return out
+def _links(raw: list[Any], sd: Any) -> tuple[Link, ...]:
+    return tuple([_new_tuple(Link, (sd(ln.traceId, ln.traceId), ln.spanId)) for ln in raw])
