@@ -111,7 +111,7 @@ def bench_sampler_cpu(seconds: float, n_devices: int, chunks: int) -> dict[str, 
         driven.open()
     else:
         driven, _ = _filled(n_devices, RING)
-    best, median = timed(driven.sample_once, (), chunks=max(5, chunks // 20), chunk=20)
+    best, median = timed(driven.sample_once, (), chunks=max(5, chunks // 4), chunk=20)
     driven.stop()
     return {
         "backend": "real NVML" if use_real else "recorded device model (no GPU here)",

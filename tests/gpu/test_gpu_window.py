@@ -73,10 +73,11 @@ def test_attributes_equal_a_direct_scan_for_random_windows_across_wraps() -> Non
             _assert_matches(_reference(samples, cap, start, end), series.attributes(start, end, PERIOD, STALE, "0"))
 
 
-def test_every_retained_window_matches_brute_force_after_wrapping() -> None:
-    """mean(a..b) and max(a..b) by absolute index, for all windows still held."""
+@pytest.mark.parametrize("cap", [1, 2, 3, 5, 16, 33])
+def test_every_retained_window_matches_brute_force_after_wrapping(cap: int) -> None:
+    """mean(a..b) and max(a..b) by absolute index, for all windows still held, with
+    capacities around the sparse table's level boundaries."""
     rng = random.Random(7)
-    cap = 16
     series = Series(cap)
     rows = [{"x": rng.uniform(0, 100), "y": rng.uniform(-5, 5)} for _ in range(5 * cap + 3)]
     for i, row in enumerate(rows):

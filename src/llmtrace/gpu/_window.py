@@ -9,19 +9,20 @@ each sample position ``i`` a series keeps, as tuples with one float per quantity
 * a sparse table ``M[k][i] = max(v[i - 2^k + 1 .. i])``, so with ``2^k <= b - a + 1``:
   ``max(a..b) = max(M[k][b], M[k][a + 2^k - 1])``.
 
-A window is then two bisections, four tuple lookups and one call of a function compiled
-for the series' quantities (see :func:`_kernels`). Appending costs ``log2(capacity)``
-tuple maxima, in the sampler thread.
+A window is then at most two bisections, four tuple lookups and one call of a function
+compiled for the series' quantities (see :func:`_kernels`). Appending costs
+``log2(capacity)`` tuple maxima, in the sampler thread.
 
 Concurrency: the sampler thread appends while span builders read, and readers take no
-lock (CPython's GIL makes each list append atomic and keeps them in order). Every list of a :class:`_History` only grows, and ``ts`` is appended last, so any
-position a reader finds by bisecting ``ts`` already has its sums, maxima, values and
-energy. Nothing is ever overwritten: when the lists reach ``capacity + capacity // 4``
-the writer copies the newest ``capacity`` samples into a new :class:`_History` and
-swaps it in with one attribute store; a reader that still holds the old one keeps a
-consistent (if one sample older) view. Only the newest ``capacity`` samples are used,
-so answers do not depend on when the copy happens. An entry ``M[k][i]`` covers indices
-from ``i - 2^k + 1``, which a query only uses when they are inside its window.
+lock (CPython's GIL makes each list append atomic and keeps them in order). Every list
+of a :class:`_History` only grows, and ``ts`` is appended last, so any position a reader
+finds by bisecting ``ts`` already has its sums, maxima, values and energy. Nothing is
+ever overwritten: when the lists reach ``capacity + capacity // 4`` the writer copies
+the newest ``capacity`` samples into a new :class:`_History` and swaps it in with one
+attribute store; a reader that still holds the old one keeps a consistent (if one
+sample older) view. Only the newest ``capacity`` samples are used, so answers do not
+depend on when the copy happens. An entry ``M[k][i]`` covers indices from
+``i - 2^k + 1``, which a query only uses when they are inside its window.
 """
 
 from __future__ import annotations
@@ -51,17 +52,20 @@ class _Kernels(NamedTuple):
     point: Callable[[Row, float | None, str], Attrs]
     peak: Callable[[Row, Row], Row]
     add: Callable[[Row, Row], Row]
+    grow: Callable[[list[list[Row]], int], None]
 
 
 @lru_cache(maxsize=64)
-def _kernels(keys: tuple[str, ...]) -> _Kernels:
-    """Compile the per-window arithmetic for ``keys``.
+def _kernels(keys: tuple[str, ...], levels: int) -> _Kernels:
+    """Compile the per-window arithmetic for ``keys`` (and ``levels`` sparse-table levels).
 
     Why generated code: a dict display with constant keys is built by one bytecode, and
     the 3.11 interpreter specialises float subtraction, division and comparison; for six
     quantities this is ~3x cheaper than ``dict(zip(keys, map(max, ...)))`` pipelines
-    (C-level ``max`` pays argument-tuple overhead per element). The keys are ``repr``-ed
-    into the source, so any string is safe; the four functions are pure.
+    (C-level ``max`` pays argument-tuple overhead per element). ``grow`` appends one
+    sample's entry to every level above 0, unrolled (half the sampler's append cost of a
+    loop calling ``peak``). The keys are ``repr``-ed into the source, so any string is
+    safe; ``grow`` only appends to the lists it is given, the other functions are pure.
     """
     q = len(keys)
 
@@ -92,10 +96,18 @@ def _kernels(keys: tuple[str, ...]) -> _Kernels:
         "def add(x, y):\n"
         + unpack("x", "a") + unpack("y", "b")
         + "    return " + row([f"a{i} + b{i}" for i in range(q)]) + "\n"
+        "def grow(levels, pos):\n"
+        + unpack("levels[0][pos]", "b")
+        + "".join(unpack(f"levels[{k - 1}][pos - {1 << (k - 1)}]", "a")
+                  + "".join(f"    b{i} = {bigger[i]}\n" for i in range(q))
+                  + f"    levels[{k}].append({row([f'b{i}' for i in range(q)])})\n"
+                  for k in range(1, levels))
+        + "    return None\n"
     )  # fmt: skip
     namespace: dict[str, object] = {}
     exec(compile(source, f"<llmtrace.gpu window kernels {keys!r}>", "exec"), namespace)
-    return _Kernels(namespace["aggregate"], namespace["point"], namespace["peak"], namespace["add"])  # type: ignore[arg-type]
+    names = ("aggregate", "point", "peak", "add", "grow")
+    return _Kernels(*(namespace[name] for name in names))  # type: ignore[arg-type]
 
 
 def _by_length(levels: list[list[Row]]) -> list[tuple[list[Row], int]]:
@@ -118,7 +130,7 @@ class _History:
 
     def __init__(self, keys: tuple[str, ...], levels: int) -> None:
         self.keys = keys
-        self.kernels = _kernels(keys)
+        self.kernels = _kernels(keys, levels)
         self.aggregate, self.point = self.kernels.aggregate, self.kernels.point  # one attribute hop per span
         self.base = 0  # absolute sample index of position 0
         self.ts: list[int] = []
@@ -148,11 +160,12 @@ class Series:
     the first append; a new quantity later restarts the history), the latest memory
     limit and power, and the cumulative energy in joules for interpolation."""
 
-    __slots__ = ("_cap", "_h", "_last", "_levels", "last_power_w", "limit")
+    __slots__ = ("_cap", "_grow_from", "_h", "_last", "_levels", "last_power_w", "limit")
 
     def __init__(self, capacity: int) -> None:
         self._cap = max(1, capacity)
         self._levels = self._cap.bit_length()  # 2^(levels-1) <= capacity: every window length
+        self._grow_from = 1 << (self._levels - 2) if self._levels > 1 else 0  # from here every level has a left half
         self.limit: float | None = None
         self.last_power_w: float | None = None
         self._h = _History((), self._levels)
@@ -200,13 +213,16 @@ class Series:
         h.prefix.append(kernels.add(h.prefix[pos], row))
         levels = h.levels
         levels[0].append(peaks)
-        half = 1
-        for k in range(1, len(levels)):
-            below = levels[k - 1]
-            left = pos - half
-            # left < 0 only in the first history: that entry is never used by a query.
-            levels[k].append(below[pos] if left < 0 else kernels.peak(below[left], below[pos]))
-            half *= 2
+        if pos >= self._grow_from:
+            kernels.grow(levels, pos)
+        else:
+            half = 1
+            for k in range(1, len(levels)):
+                below = levels[k - 1]
+                left = pos - half
+                # left < 0 only in the first history: that entry is never used by a query.
+                levels[k].append(below[pos] if left < 0 else kernels.peak(below[left], below[pos]))
+                half *= 2
         if energy_j is None or not isfinite(energy_j):
             energy_j = h.energy[-1] if h.energy_first >= 0 else 0.0
         elif h.energy_first < 0:
