@@ -81,7 +81,8 @@ _log = logging.getLogger("llmtrace.gpu")
 
 DEFAULT_INTERVAL_S = 0.1
 #: Samples kept per device: 2048 x 0.1 s ~ 3.4 min. A longer span is aggregated over the
-#: retained part. Memory: ~14 arrays x capacity x 8 B per span quantity per device (~1.4 MB).
+#: retained part. Memory: at most 1.25 x capacity samples of ~1.5 KB of tuples (six span
+#: quantities) per device series, ~4 MB (see _window).
 DEFAULT_CAPACITY = 2048
 #: Consecutive passes in which every query of a device failed before it is declared lost
 #: (a single failure can be a driver hiccup; three in 0.3 s is a dead device).
