@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -184,22 +185,28 @@ def open_sink(path: str) -> _AppendFile:
     return _AppendFile(path)
 
 
-class DropCounter:
-    """Spans dropped by llmtrace's export path, exported as ``llmtrace.spans.dropped``."""
+class ExportStats:
+    """What llmtrace's export path dropped (``llmtrace.spans.dropped``) and the CPU its
+    export threads spent (``llmtrace.overhead.cpu_time``, worker ``exporter``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.dropped = 0
+        self.cpu_s = 0.0
 
     def add(self, count: int) -> None:
         with self._lock:
             self.dropped += count
 
+    def add_cpu(self, seconds: float) -> None:
+        with self._lock:
+            self.cpu_s += seconds
+
 
 class _CountingExporter(SpanExporter):
     """Counts what the inner exporter failed to deliver, and says so once."""
 
-    def __init__(self, inner: SpanExporter, drops: DropCounter, pending: list[int], name: str) -> None:
+    def __init__(self, inner: SpanExporter, drops: ExportStats, pending: list[int], name: str) -> None:
         self._inner, self._drops, self._pending, self._name = inner, drops, pending, name
         #: Set when llmtrace shuts down past its flush deadline: what is left is dropped and counted.
         self.closing = False
@@ -209,6 +216,7 @@ class _CountingExporter(SpanExporter):
             self._pending[0] -= len(spans)
             self._drops.add(len(spans))
             return SpanExportResult.FAILURE
+        cpu_start = time.thread_time()
         try:
             result = self._inner.export(spans)
         except Exception as exc:  # noqa: BLE001 - an exporter bug must not kill the export thread
@@ -216,6 +224,7 @@ class _CountingExporter(SpanExporter):
             result = SpanExportResult.FAILURE
         finally:
             self._pending[0] -= len(spans)
+            self._drops.add_cpu(time.thread_time() - cpu_start)
         if result is not SpanExportResult.SUCCESS:
             self._drops.add(len(spans))
             warn_once(f"export-fail:{self._name}",
@@ -234,10 +243,10 @@ class BoundedSpanProcessor(SpanProcessor):
     """A BatchSpanProcessor whose queue bound is enforced and whose drops are counted.
 
     The SDK's batch processor also bounds its queue, but drops silently; here a
-    span beyond ``max_queue_size`` pending is counted in :class:`DropCounter`.
+    span beyond ``max_queue_size`` pending is counted in :class:`ExportStats`.
     """
 
-    def __init__(self, exporter: SpanExporter, drops: DropCounter, max_queue_size: int, name: str) -> None:
+    def __init__(self, exporter: SpanExporter, drops: ExportStats, max_queue_size: int, name: str) -> None:
         self._pending = [0]  # a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
         self._max = max_queue_size
         self._drops = drops

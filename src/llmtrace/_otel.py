@@ -36,7 +36,7 @@ from opentelemetry.sdk.trace.sampling import (
 from llmtrace import semconv
 from llmtrace._export import (
     BoundedSpanProcessor,
-    DropCounter,
+    ExportStats,
     JsonLinesMetricExporter,
     JsonLinesSpanExporter,
     open_sink,
@@ -76,7 +76,7 @@ class Providers:
     meter_provider: Any
     owns_tracer_provider: bool
     owns_meter_provider: bool
-    drops: DropCounter
+    drops: ExportStats
     processors: list[SpanProcessor] = field(default_factory=list)
     readers: list[MetricReader] = field(default_factory=list)
 
@@ -181,7 +181,7 @@ def _quiet_exporter_retries() -> None:
 
 def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     """Build (or join) the tracer and meter providers for *settings*."""
-    drops = DropCounter()
+    drops = ExportStats()
     _quiet_exporter_retries()
     host_tp = _host_provider(trace.get_tracer_provider(), TracerProvider)
     host_mp = _host_provider(metrics.get_meter_provider(), MeterProvider)

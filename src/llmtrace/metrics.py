@@ -16,7 +16,7 @@ from llmtrace.lifecycle.phases import compute_phases
 from llmtrace.lifecycle.stats import NS, token_timing
 
 if TYPE_CHECKING:
-    from llmtrace._export import DropCounter
+    from llmtrace._export import ExportStats
     from llmtrace.lifecycle.engine import StepRecord
     from llmtrace.lifecycle.request import RequestHandle
 
@@ -32,7 +32,7 @@ def _histogram(meter: Meter, name: str, unit: str, description: str, buckets: tu
 class ServingMetrics:
     """The instruments of one process; one instance per ``instrument()``."""
 
-    def __init__(self, meter: Meter, drops: DropCounter | None = None) -> None:
+    def __init__(self, meter: Meter, drops: ExportStats | None = None) -> None:
         self._ttft = _histogram(meter, semconv.METRIC_TTFT, "s", "Time to first token", semconv.TTFT_BUCKETS)
         self._tpot = _histogram(meter, semconv.METRIC_TPOT, "s", "Time per output token", semconv.TPOT_BUCKETS)
         self._duration = _histogram(meter, semconv.METRIC_REQUEST_DURATION, "s", "Request duration",
@@ -52,6 +52,9 @@ class ServingMetrics:
                                       description="Share of the last engine window with no forward pass running")
         meter.create_observable_counter(semconv.METRIC_DROPPED_SPANS, [self._observe_drops], unit="{span}",
                                         description="Spans dropped by the export path")
+        meter.create_observable_counter(semconv.METRIC_OVERHEAD_CPU, [self._observe_overhead], unit="s",
+                                        description="CPU time of llmtrace's own threads (span builder, "
+                                                    "span export) in this process")
 
     def record_error(self, site: str) -> None:
         self._errors.add(1, {"site": site})
@@ -97,3 +100,11 @@ class ServingMetrics:
 
         dropped = (self._drops.dropped if self._drops else 0) + BUILDER.dropped
         return [Observation(dropped)]
+
+    def _observe_overhead(self, options: CallbackOptions) -> list[Observation]:
+        from llmtrace.lifecycle.builder import BUILDER
+
+        observations = [Observation(BUILDER.cpu_s, {semconv.LLMTRACE_WORKER: "span_builder"})]
+        if self._drops is not None:
+            observations.append(Observation(self._drops.cpu_s, {semconv.LLMTRACE_WORKER: "exporter"}))
+        return observations

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmtrace import _runtime
-from llmtrace._export import DropCounter
+from llmtrace._export import ExportStats
 from llmtrace._otel import LLMTraceSampler, Providers
 from llmtrace.config import resolve
 from llmtrace.lifecycle.builder import BUILDER
@@ -57,7 +57,7 @@ def install_runtime(**options: Any) -> Captured:
     reader = InMemoryMetricReader()
     meter_provider = MeterProvider(metric_readers=[reader])
     providers = Providers(tracer_provider=provider, meter_provider=meter_provider, owns_tracer_provider=False,
-                          owns_meter_provider=False, drops=DropCounter())
+                          owns_meter_provider=False, drops=ExportStats())
     metrics = ServingMetrics(meter_provider.get_meter("test"), providers.drops)
     _runtime.install(_runtime.Runtime(settings=settings, providers=providers, metrics=metrics))
     return Captured(exporter, reader)

@@ -53,3 +53,20 @@ def test_two_processes_append_whole_lines_in_otlp_json(tmp_path: Path) -> None:
     services = {s.service for s in load_spans(str(path)).spans}
     assert {"svc-a", "svc-b"} == services
 
+
+
+def test_the_export_threads_cpu_time_is_counted(tmp_path: Path) -> None:
+    """The bounded processor's exporter adds its own thread CPU time to ExportStats."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llmtrace._export import BoundedSpanProcessor, ExportStats, JsonLinesSpanExporter, open_sink
+
+    stats = ExportStats()
+    processor = BoundedSpanProcessor(JsonLinesSpanExporter(open_sink(str(tmp_path / "t.jsonl"))), stats, 1000, "t")
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    for _ in range(200):
+        provider.get_tracer("t").start_span("s", attributes={"k": "v" * 50}).end()
+    assert processor.force_flush(10_000)
+    assert 0 < stats.cpu_s and 0 == stats.dropped
+    provider.shutdown()

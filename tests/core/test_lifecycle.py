@@ -153,3 +153,18 @@ def test_no_content_without_opt_in(captured: Captured) -> None:
     (request,) = captured.named(semconv.SPAN_REQUEST)
     assert semconv.GEN_AI_PROMPT not in request.attributes
     assert semconv.GEN_AI_COMPLETION not in request.attributes
+
+
+def test_llmtraces_own_cpu_time_is_a_metric(captured: Captured) -> None:
+    """``llmtrace.overhead.cpu_time``: the span builder's CPU, growing as it builds spans."""
+
+    def builder_cpu() -> float:
+        points = captured.metrics()[semconv.METRIC_OVERHEAD_CPU].data.data_points
+        return next(p.value for p in points if p.attributes[semconv.LLMTRACE_WORKER] == "span_builder")
+
+    before = builder_cpu()
+    for i in range(50):
+        handle = start_request(f"cpu{i}", prompt_tokens=3, arrival_ns=0)
+        handle.token(at_ns=5 * MS)
+        handle.finished(at_ns=6 * MS)
+    assert builder_cpu() > before

@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from llmtrace._safety import record_error, warn_once
@@ -30,6 +31,8 @@ class SpanBuilder:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.dropped = 0
+        #: CPU seconds spent building (this thread only writes it): llmtrace's own overhead.
+        self.cpu_s = 0.0
 
     def _ensure_started(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -55,10 +58,12 @@ class SpanBuilder:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
+            cpu_start = time.thread_time()
             try:
                 item()
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the service
                 record_error("span-builder", exc)
+            self.cpu_s += time.thread_time() - cpu_start
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every job submitted so far has run."""
@@ -82,6 +87,7 @@ class SpanBuilder:
         # The parent's thread does not exist in the child; start afresh on first use.
         self._queue = queue.SimpleQueue()
         self._thread = None
+        self.cpu_s = 0.0  # a per-process figure
 
 
 BUILDER = SpanBuilder()
