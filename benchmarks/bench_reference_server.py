@@ -15,8 +15,13 @@ completions (concurrency C) to each. Two measures per run:
   host this is the number, on a shared one it swings with the neighbours;
 * **tokens per CPU-second of the server** (front end + engine process, all
   threads, export included) — what tracing costs the server; the load
-  generator is not in it, and it is robust to other jobs on the host. On a
-  CPU-bound server (this one: the "GPU" is the CPU) the two agree on a quiet host.
+  generator is not in it. On a CPU-bound server (this one: the "GPU" is the
+  CPU) the two agree on a quiet host;
+* **llmtrace's own threads' share** of that CPU (span builder + exporters in
+  both processes, from the server's ``/stats``, i.e. ``llmtrace.overhead_cpu_s()``)
+  — measured by the threads themselves, so it holds on a busy host too. What it
+  leaves out runs on the server's threads and is measured per call by
+  ``bench_lifecycle.py`` and ``bench_engine_step.py``.
 
 Budget: full >= 0.97, production >= 0.995 of untraced.
 
@@ -107,25 +112,32 @@ def measure(config: str, out: str, requests: int, concurrency: int, max_tokens: 
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None and proc.stdout is not None
 
-    def ask_cpu() -> float:
+    def ask_cpu() -> tuple[float, float]:
+        """(server CPU, of which llmtrace's own threads), seconds so far."""
+        import httpx
+
+        stats = httpx.get(base_url + "/stats", timeout=30).json()
+        ours = sum(sum(by_worker.values()) for by_worker in stats.get("llmtrace_cpu_s", {}).values())
         proc.stdin.write("cpu\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
-        return float(json.loads(proc.stdout.readline())["cpu_s"])  # type: ignore[union-attr]
+        return float(json.loads(proc.stdout.readline())["cpu_s"]), ours  # type: ignore[union-attr]
 
     try:
         base_url = json.loads(proc.stdout.readline())["url"]
         asyncio.run(_load(base_url, concurrency, concurrency, 4))  # warm-up: model, sockets, caches
         time.sleep(1.5)  # let warm-up windows close and export
-        cpu_start = ask_cpu()
+        cpu_start, ours_start = ask_cpu()
         start = time.perf_counter()
         tokens = asyncio.run(_load(base_url, requests, concurrency, max_tokens))
         elapsed = time.perf_counter() - start
         time.sleep(1.5)  # the last engine windows close (1 s) and their spans are exported, on the server's CPU
-        cpu = ask_cpu() - cpu_start
+        cpu_end, ours_end = ask_cpu()
     finally:
         proc.stdin.close()
         proc.wait(120)
-    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu}
+    cpu = cpu_end - cpu_start
+    return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu,
+            "llmtrace_thread_share": (ours_end - ours_start) / cpu}
 
 
 def main() -> None:
@@ -150,18 +162,21 @@ def main() -> None:
                 run = measure(name, out, args.requests, args.concurrency, args.max_tokens)
                 results[name].append(run)
                 print(f"round {round_index + 1}: {name:<10} {run['tokens_per_s']:8.1f} tokens/s  "
-                      f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s", file=sys.stderr)
-    summary = {name: {key: statistics.median(r[key] for r in runs) for key in ("tokens_per_s", "tokens_per_cpu_s")}
-               for name, runs in results.items()}
+                      f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "
+                      f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU", file=sys.stderr)
+    keys = ("tokens_per_s", "tokens_per_cpu_s", "llmtrace_thread_share")
+    summary = {name: {key: statistics.median(r[key] for r in runs) for key in keys} for name, runs in results.items()}
     base = summary["untraced"]
     print(f"\nreference server, {args.requests} streaming requests x {args.max_tokens} tokens, "
           f"concurrency {args.concurrency}, median of {args.rounds} interleaved rounds:")
-    print(f"  {'':<10} {'tokens/s':>9} {'ratio':>6}   {'tokens/server-CPU-s':>19} {'ratio':>6}")
+    print(f"  {'':<10} {'tokens/s':>9} {'ratio':>6}   {'tokens/server-CPU-s':>19} {'ratio':>6}"
+          f"   {'llmtrace threads':>16}")
     for name, values in summary.items():
         values["wall_ratio"] = values["tokens_per_s"] / base["tokens_per_s"]
         values["cpu_ratio"] = values["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
         print(f"  {name:<10} {values['tokens_per_s']:9.1f} {values['wall_ratio']:6.3f}   "
-              f"{values['tokens_per_cpu_s']:19.1f} {values['cpu_ratio']:6.3f}")
+              f"{values['tokens_per_cpu_s']:19.1f} {values['cpu_ratio']:6.3f}   "
+              f"{values['llmtrace_thread_share']:15.2%}")
     if args.json:
         print(json.dumps(summary))
 

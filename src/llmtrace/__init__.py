@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmtrace._instrument import Instrumentation, flush, instrument, shutdown, uninstrument
+from llmtrace._instrument import Instrumentation, flush, instrument, overhead_cpu_s, shutdown, uninstrument
 from llmtrace._version import __version__
 from llmtrace.errors import ConfigError, LLMTraceError, SourceError
 from llmtrace.lifecycle.engine import EngineTracer, StepRecord
@@ -43,6 +43,7 @@ __all__ = [
     "inject_carrier",
     "instrument",
     "instrument_model",
+    "overhead_cpu_s",
     "shutdown",
     "start_request",
     "uninstrument",

@@ -152,6 +152,15 @@ def flush(timeout_s: float = 5.0) -> bool:
     return ok
 
 
+def overhead_cpu_s() -> dict[str, float]:
+    """CPU seconds llmtrace's own threads have spent in this process, by worker
+    (``span_builder``, ``exporter``); also the metric ``llmtrace.overhead.cpu_time``.
+
+    The hot-path costs (a timestamp per token, per lifecycle event, per engine step) run
+    on the host's threads and are not in it; ``benchmarks/`` measures those per call."""
+    return {"span_builder": BUILDER.cpu_s, "exporter": _providers.drops.cpu_s if _providers is not None else 0.0}
+
+
 def shutdown(timeout_s: float = 5.0) -> bool:
     """Flush everything and stop llmtrace's exporters and threads; returns False on timeout."""
     global _providers

@@ -142,7 +142,12 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        return await client.stats()
+        """The engine's scheduler numbers, and llmtrace's own CPU in each process."""
+        import llmtrace
+
+        engine = await client.stats()
+        return {**engine, "llmtrace_cpu_s": {"api": llmtrace.overhead_cpu_s(),
+                                             "engine": engine.get("llmtrace_cpu_s", {})}}
 
     return app
 

@@ -97,9 +97,11 @@ class ReferenceEngine:
         return True
 
     def stats(self) -> dict[str, Any]:
+        import llmtrace
+
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
                 "free_blocks": self.scheduler.free_blocks, "total_blocks": self.scheduler.total_blocks,
-                "open_requests": len(self.tracker)}
+                "open_requests": len(self.tracker), "llmtrace_cpu_s": llmtrace.overhead_cpu_s()}
 
     # ------------------------------------------------------------------ one step
     def step(self) -> None:
