@@ -31,9 +31,15 @@ def _wait_for(captured: CapturedTelemetry, name: str, count: int, timeout_s: flo
     raise AssertionError(f"{count} {name} span(s) did not arrive: {[s.name for s in captured.spans]}")
 
 
-def _server_span(captured: CapturedTelemetry) -> Any:
-    [server] = [s for s in captured.spans if s.kind == trace.SpanKind.SERVER]
-    return server
+def _server_spans(captured: CapturedTelemetry, count: int, timeout_s: float = 20.0) -> list[Any]:
+    """The SERVER spans, once *count* have ended: one ends after its response, which can be
+    after the span builder built the llm.request inside it."""
+    deadline = time.monotonic() + timeout_s
+    while len(servers := [s for s in captured.collect() if s.kind == trace.SpanKind.SERVER]) < count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} SERVER span(s) did not arrive: {[s.name for s in captured.spans]}")
+        time.sleep(0.05)
+    return servers
 
 
 # ----------------------------------------------------------------------------- aiohttp
@@ -87,7 +93,7 @@ def test_aiohttp_stream_request_is_child_of_server_span(aiohttp_url: tuple[str, 
     response = httpx.get(url + "/stream", headers={"traceparent": TRACEPARENT}, timeout=30)
     assert 200 == response.status_code
     [request] = _wait_for(captured, semconv.SPAN_REQUEST, 1)
-    server = _server_span(captured)
+    [server] = _server_spans(captured, 1)
     assert int(TRACE_ID, 16) == request.context.trace_id
     assert int(PARENT_ID, 16) == server.parent.span_id
     assert server.context.span_id == request.parent.span_id
@@ -163,7 +169,7 @@ def test_grpc_unary_and_streaming_requests_are_children_of_server_spans(
         stream = channel.unary_stream("/llm.Generate/Stream", _identity, _identity)
         assert 4 == len(list(stream(b"4", metadata=metadata, timeout=10)))
     requests = _wait_for(captured, semconv.SPAN_REQUEST, 2)
-    servers = {s.context.span_id: s for s in captured.spans if s.kind == trace.SpanKind.SERVER}
+    servers = {s.context.span_id: s for s in _server_spans(captured, 2)}
     assert 2 == len(servers)
     for request in requests:
         server = servers[request.parent.span_id]

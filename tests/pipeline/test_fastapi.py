@@ -52,13 +52,21 @@ def _stream(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]
     return first
 
 
-def _requests_by_server(captured: CapturedTelemetry, path: str) -> list[tuple[Any, Any]]:
-    captured.collect()
+def _requests_by_server(captured: CapturedTelemetry, path: str, count: int = 1,
+                        timeout_s: float = 20.0) -> list[tuple[Any, Any]]:
+    """(SERVER span, its llm.request) per call to *path*, once *count* SERVER spans have ended:
+    a SERVER span ends after its response, which can be after the span builder built llm.request."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        captured.collect()
+        servers = [s for s in captured.spans if s.kind == trace.SpanKind.SERVER and s.name.endswith(path)]
+        if len(servers) >= count or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     pairs = []
-    for server in captured.spans:
-        if server.kind == trace.SpanKind.SERVER and server.name.endswith(path):
-            children = captured.children(server, semconv.SPAN_REQUEST)
-            pairs.append((server, children[0] if children else None))
+    for server in servers:
+        children = captured.children(server, semconv.SPAN_REQUEST)
+        pairs.append((server, children[0] if children else None))
     return sorted(pairs, key=lambda pair: pair[0].start_time)
 
 
@@ -95,7 +103,7 @@ def test_span_ttft_agrees_with_the_clients_ttft(served: tuple[str, CapturedTelem
     finally:
         slow_down.remove()
     _wait_for(captured, semconv.SPAN_REQUEST, 7)
-    pairs = _requests_by_server(captured, "/v1/stream")[2:]
+    pairs = _requests_by_server(captured, "/v1/stream", 7)[2:]
     span_ttfts = [request.attributes[semconv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] for _, request in pairs]
     first_bytes = [server.attributes[semconv.LLM_TIME_TO_FIRST_BYTE_S] for server, _ in pairs]
     assert all(s >= forward_s for s in span_ttfts), span_ttfts  # the prefill is inside the TTFT
@@ -169,7 +177,7 @@ def test_explicit_request_in_a_handler_that_fails(served: tuple[str, CapturedTel
         assert 200 == client.post(url + "/v1/explicit", json={"prompt": "x", "max_tokens": 4}).status_code
         assert 500 == client.post(url + "/v1/explicit", json={"prompt": "x", "fail": True}).status_code
     _wait_for(captured, semconv.SPAN_REQUEST, 2)
-    (_, ok), (_, failed) = _requests_by_server(captured, "/v1/explicit")
+    (_, ok), (_, failed) = _requests_by_server(captured, "/v1/explicit", 2)
     assert "stop" == ok.attributes[semconv.LLM_REQUEST_FINISH_REASON]
     assert 4 == ok.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
     assert "error" == failed.attributes[semconv.LLM_REQUEST_FINISH_REASON]
