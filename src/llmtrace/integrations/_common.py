@@ -21,9 +21,10 @@ that request.
 from __future__ import annotations
 
 import contextvars
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -31,7 +32,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
-from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
 from llmtrace.lifecycle.request import current_request
 from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
 
@@ -110,33 +111,50 @@ def _tokenize_attrs(tokens: int, batch: int, tokenizer_class: str) -> dict[str, 
             semconv.LLM_TOKENIZER_CLASS: tokenizer_class}
 
 
-@guarded("detokenize.record")
-def record_detokenize(start_ns: int, end_ns: int, tokens: int, tokenizer_class: str,
-                      text: str | None = None, error: BaseException | None = None) -> None:
+class DecodeCall(NamedTuple):
+    """One user-level decode; what it produced is worked out only where a span needs it
+    (most decodes are one token of a streamed response: a duration added to the request)."""
+
+    count: Any  # (args, kwargs) -> tokens
+    instance: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    result: Any
+    error: BaseException | None
+
+    def attributes(self) -> dict[str, Any]:
+        return {semconv.LLM_DETOKENIZE_TOKENS: self.tokens(), semconv.LLM_TOKENIZER_CLASS: type(self.instance).__name__}
+
+    def tokens(self) -> int:
+        return int(self.count(self.args, self.kwargs)) if self.error is None else 0
+
+
+@guarded("detokenize.wrapper")
+def record_detokenize(start_ns: int, end_ns: int, call: DecodeCall) -> None:
     """Report one user-level decode."""
-    attrs = {semconv.LLM_DETOKENIZE_TOKENS: tokens, semconv.LLM_TOKENIZER_CLASS: tokenizer_class}
+    duration, error = end_ns - start_ns, call.error
     handle = current_request()
     if handle is not None:
-        handle.detokenized(end_ns - start_ns)
+        handle.detokenized(duration)
         if error is not None:
-            live_span(semconv.SPAN_DETOKENIZE, handle.context(), start_ns, end_ns, attrs, error)
+            live_span(semconv.SPAN_DETOKENIZE, handle.context(), start_ns, end_ns, call.attributes(), error)
         return
     scope = current_scope()
     if scope is not None and (target := _deferred_request(scope)) is not None:
-        target.detokenized(end_ns - start_ns)
-        if text is not None:
+        target.detokenized(duration)
+        if (text := capture_text(call.result)) is not None:
             finish = scope.deferred.get(id(target))
             if finish is not None and finish.completion is None:
                 finish.completion = text
-        live_span(semconv.SPAN_DETOKENIZE, target.context(), start_ns, end_ns, attrs, error)
+        live_span(semconv.SPAN_DETOKENIZE, target.context(), start_ns, end_ns, call.attributes(), error)
         return
     if scope is not None and (open_handles := scope.open_handles()):
         # Incremental detokenization while a streamed response is produced (the handler
         # decodes each token as it arrives): time added to the request, never a span per token.
-        open_handles[-1].detokenized(end_ns - start_ns)
+        open_handles[-1].detokenized(duration)
         return
-    if _current_span_recording() and (tokens > INCREMENTAL_DECODE_MAX_TOKENS or error is not None):
-        live_span(semconv.SPAN_DETOKENIZE, None, start_ns, end_ns, attrs, error)
+    if _current_span_recording() and (error is not None or call.tokens() > INCREMENTAL_DECODE_MAX_TOKENS):
+        live_span(semconv.SPAN_DETOKENIZE, None, start_ns, end_ns, call.attributes(), error)
 
 
 def _deferred_request(scope: ServerScope) -> Any:
@@ -168,7 +186,6 @@ def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str
 def _timed_tokenizer_call(after: Any) -> Any:
     """A wrapt wrapper timing one user-level tokenizer call (nested calls pass straight through),
     then reporting through *after(wrapped, instance, args, kwargs, result, start_ns, error)*."""
-    from llmtrace.lifecycle.clock import monotonic_ns
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if _in_tokenizer.get():
@@ -190,16 +207,12 @@ def _timed_tokenizer_call(after: Any) -> Any:
 
 def encode_wrapper(count: Any, text_param: str) -> Any:
     """A wrapt wrapper timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
-    return _timed_tokenizer_call(
-        lambda wrapped, instance, args, kwargs, result, start, error: _after_encode(
-            count, text_param, wrapped, instance, args, kwargs, result, start, error))
+    return _timed_tokenizer_call(functools.partial(_after_encode, count, text_param))
 
 
 @guarded("tokenize.wrapper")
 def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any], result: Any, start_ns: int, error: BaseException | None) -> None:
-    from llmtrace.lifecycle.clock import monotonic_ns
-
     end = monotonic_ns()
     tokens, batch = count(result, args, kwargs) if error is None else (0, 0)
     text = None
@@ -210,19 +223,12 @@ def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args
 
 def decode_wrapper(count: Any) -> Any:
     """A wrapt wrapper timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    return _timed_tokenizer_call(
-        lambda wrapped, instance, args, kwargs, result, start, error: _after_decode(
-            count, instance, args, kwargs, result, start, error))
+    return _timed_tokenizer_call(functools.partial(_after_decode, count))
 
 
-@guarded("detokenize.wrapper")
-def _after_decode(count: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: Any,
-                  start_ns: int, error: BaseException | None) -> None:
-    from llmtrace.lifecycle.clock import monotonic_ns
-
-    end = monotonic_ns()
-    tokens = count(args, kwargs) if error is None else 0
-    record_detokenize(start_ns, end, tokens, type(instance).__name__, capture_text(result), error)
+def _after_decode(count: Any, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  result: Any, start_ns: int, error: BaseException | None) -> None:
+    record_detokenize(start_ns, monotonic_ns(), DecodeCall(count, instance, args, kwargs, result, error))
 
 
 def first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
