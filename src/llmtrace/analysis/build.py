@@ -13,6 +13,7 @@ Two repairs happen here, once, so that no analyzer has to care:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import compress
 from operator import attrgetter
 from typing import Any
 
@@ -38,7 +39,8 @@ _STEP = sc.SPAN_STEP
 _STEP_ID = sc.LLM_STEP_ID
 _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
-_VIEW_SPANS = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE))
+_IS_VIEW_SPAN = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE)).__contains__
+_NAME = attrgetter("name")
 
 
 def _domain(span: Span) -> tuple[Any, ...]:
@@ -140,10 +142,9 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
     orphans = 0
     for trace in traces:
         orphans += len(trace.orphans)
-        for span in trace.spans:
+        members = trace.spans
+        for span in compress(members, map(_IS_VIEW_SPAN, map(_NAME, members))):
             name = span.name
-            if name not in _VIEW_SPANS:
-                continue
             if name == sc.SPAN_REQUEST:
                 requests.append(_request_view(trace, span))
             elif name == sc.SPAN_STEP:

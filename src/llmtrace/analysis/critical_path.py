@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from llmtrace.analysis.model import Span, Trace, fast_constructor
 from llmtrace.analysis.stats import pcts
@@ -48,6 +49,7 @@ class Section:
 
 
 _new_section = fast_constructor(Section)
+_END_THEN_START = itemgetter(1, 0)
 
 
 def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
@@ -56,7 +58,7 @@ def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[
         s, e = max(c.start_ns, lo), min(c.end_ns, hi)
         if s < e or (s == e and lo <= c.start_ns <= hi):
             out.append((s, e, c))
-    out.sort(key=lambda t: (t[1], t[0]), reverse=True)
+    out.sort(key=_END_THEN_START, reverse=True)
     return out
 
 

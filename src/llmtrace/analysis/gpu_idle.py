@@ -21,8 +21,11 @@ to do". The first is lost throughput; the second is just a quiet server.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import le, lt
 from typing import NamedTuple
 
 from llmtrace import semconv as sc
@@ -132,40 +135,114 @@ def work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[
     A step with a non-empty batch had work during the whole step; the stretch between two
     steps had work when the first left requests waiting, or requests were running on both
     sides of it. Request intervals are added where request traces were kept — they are
-    exact, but sampled, which is why the step attributes are always used too.
+    exact, but sampled, which is why the step attributes are always used too. The step
+    evidence comes joined into runs as it streams (the union is the same; a busy engine
+    has few runs, so :func:`merge` has little left to sort and join).
     """
     out: list[Interval] = [(r.request.start_ns, r.request.end_ns) for r in requests]
-    prev: StepView | None = None
-    for st in engine.steps:
-        if st.batch_size > 0:
-            out.append((st.step.start_ns, st.step.end_ns))
-        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0)):
-            out.append((prev.step.end_ns, st.step.start_ns))
-        prev = st
+    lo = hi = 0
+    joining = False
+    for s, e in _step_evidence(engine.steps):
+        if e <= s:
+            continue  # empty: merge() would drop it
+        if joining and s <= hi and e >= lo:
+            lo = s if s < lo else lo
+            hi = e if e > hi else hi
+        else:
+            if joining:
+                out.append((lo, hi))
+            lo, hi, joining = s, e, True
+    if joining:
+        out.append((lo, hi))
     return out
 
 
-def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int], list[int], list[int]]:
+def _step_evidence(steps: Sequence[StepView]) -> Iterator[Interval]:
+    """Work intervals from step attributes, in start order when steps do not overlap."""
+    prev: StepView | None = None
+    for st in steps:
+        step = st.step
+        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0)):
+            yield prev.step.end_ns, step.start_ns
+        if st.batch_size > 0:
+            yield step.start_ns, step.end_ns
+        prev = st
+
+
+#: Disjoint host segments, sorted: starts, ends, cause indexes into :data:`CAUSES`.
+Painted = tuple[list[int], list[int], list[int]]
+_CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
+_HOST_CAUSE_INDEX = {name: _CAUSE_INDEX[cause] for name, cause in _STEP_HOST_CAUSE.items()}
+_GC = _CAUSE_INDEX["gc"]
+_TOKENIZE = _CAUSE_INDEX["tokenize"]
+
+
+def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> Painted:
     """What the host was doing, as disjoint sorted segments (starts, ends, cause index).
 
-    One sweep over every host interval's start/end events; where causes overlap the one
-    earliest in :data:`CAUSES` wins (a gc pause inside a postprocess span is gc time).
+    Where causes overlap the one earliest in :data:`CAUSES` wins (a gc pause inside a
+    postprocess span is gc time). Segments of one cause may touch; only their coverage
+    matters. Step host spans come from one engine loop, so they are nearly always sorted
+    and disjoint already: they are taken as they are, and only the few gc and tokenize
+    intervals (with the host spans they overlap) go through the priority sweep.
     """
+    hosts = [h for st in engine.steps for h in st.host]
+    starts = [h.start_ns for h in hosts]
+    ends = [h.end_ns for h in hosts]
+    causes = [_HOST_CAUSE_INDEX[h.name] for h in hosts]
+    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
+    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
+    if not all(map(le, starts, ends)) or not all(map(le, ends, starts[1:])):
+        return _sweep(list(zip(starts, ends, causes, strict=True)) + extras)
+    if not extras:
+        return starts, ends, causes
+    return _paint_around(starts, ends, causes, sorted(extras))
+
+
+def _paint_around(starts: list[int], ends: list[int], causes: list[int], extras: list[tuple[int, int, int]]) -> Painted:
+    """Disjoint host segments with sorted ``extras`` painted in: host segments no extra
+    touches are copied; each cluster of extras is swept with the host segments under it."""
+    out_s: list[int] = []
+    out_e: list[int] = []
+    out_c: list[int] = []
+    done = 0  # host segments before this index are emitted
+    i, n = 0, len(extras)
+    while i < n:
+        lo, hi, _ = extras[i]
+        first = bisect_right(ends, lo, done)
+        cluster = [extras[i]]
+        i += 1
+        while True:
+            last = bisect_left(starts, hi, first)
+            if last > first and ends[last - 1] > hi:
+                hi = ends[last - 1]
+            if i < n and extras[i][0] < hi:
+                cluster.append(extras[i])
+                hi = max(hi, extras[i][1])
+                i += 1
+                continue
+            break
+        out_s += starts[done:first]
+        out_e += ends[done:first]
+        out_c += causes[done:first]
+        s, e, c = _sweep(list(zip(starts[first:last], ends[first:last], causes[first:last], strict=True)) + cluster)
+        out_s += s
+        out_e += e
+        out_c += c
+        done = last
+    out_s += starts[done:]
+    out_e += ends[done:]
+    out_c += causes[done:]
+    return out_s, out_e, out_c
+
+
+def _sweep(intervals: list[tuple[int, int, int]]) -> Painted:
+    """Priority painting of overlapping ``(start, end, cause)`` intervals in one sweep."""
     # Each event is one int, ``pos << 4 | is_start << 3 | cause``: ints sort in C several
     # times faster than (pos, delta, cause) tuples, in exactly the same order (ends before
     # starts at the same instant, then by cause).
-    index = {c: i for i, c in enumerate(CAUSES)}
-    events: list[int] = [g.start_ns << 4 | 8 for g in engine.gc]
-    events += [g.end_ns << 4 for g in engine.gc]
-    host_ci = {name: index[cause] for name, cause in _STEP_HOST_CAUSE.items()}
-    for st in engine.steps:
-        for h in st.host:
-            ci = host_ci[h.name]
-            events.append(h.start_ns << 4 | 8 | ci)
-            events.append(h.end_ns << 4 | ci)
-    tok = index["tokenize"]
-    events += [t.start_ns << 4 | 8 | tok for t in tokenize]
-    events += [t.end_ns << 4 | tok for t in tokenize]
+    events = [s << 4 | 8 | c for s, _, c in intervals]
+    events += [e << 4 | c for _, e, c in intervals]
     events.sort()
     # counts per cause, and a bitmask of the causes active now: the lowest set bit is the
     # highest-priority activity, found without scanning the counts at every event.
@@ -196,6 +273,17 @@ def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> tuple[list[int],
     return starts, ends, causes
 
 
+def _busy(engine: EngineView) -> list[Interval]:
+    """The union of the engine's forward intervals, sorted."""
+    starts = [f.start_ns for st in engine.steps for f in st.forwards]
+    ends = [f.end_ns for st in engine.steps for f in st.forwards]
+    # One engine loop runs its forwards one after another: sorted, disjoint and non-empty,
+    # they are their own union (forwards that touch stay apart, which adds no gap).
+    if all(map(lt, starts, ends)) and all(map(le, ends, starts[1:])):
+        return list(zip(starts, ends, strict=True))
+    return merge(zip(starts, ends, strict=True))
+
+
 def _segment_gaps(segs: Sequence[Interval], busy: Sequence[Interval]) -> list[Interval]:
     """Gaps of every segment in the merged ``busy`` list, one pass over both sorted lists."""
     out: list[Interval] = []
@@ -219,7 +307,7 @@ def _segment_gaps(segs: Sequence[Interval], busy: Sequence[Interval]) -> list[In
 def _classify_all(
     engine_id: str,
     raw: Sequence[Interval],
-    painted: tuple[list[int], list[int], list[int]],
+    painted: Painted,
     work: Sequence[Interval],
 ) -> list[Gap]:
     """Cause split and work-waiting time of sorted, disjoint gaps (two-pointer sweeps)."""
@@ -227,34 +315,39 @@ def _classify_all(
     n, nw = len(starts), len(work)
     out = []
     j = w = 0
-    ncause = len(CAUSES)
     names = CAUSES
+    other = len(CAUSES) - 1
     for a, b in raw:
         while j < n and ends[j] <= a:
             j += 1
         k = j
         if k < n and starts[k] < b:
-            per = [0] * ncause
+            per = [0] * len(names)
+            unexplained = b - a  # "other": what no host span explains
             while k < n and starts[k] < b:
                 s, e = starts[k], ends[k]
                 ov = (e if e < b else b) - (s if s > a else a)
                 if ov > 0:
                     per[causes[k]] += ov
+                    unexplained -= ov
                 k += 1
-            per[-1] = (b - a) - sum(per)  # "other": what no host span explains
-            split = tuple([(names[i], ns) for i, ns in enumerate(per) if ns])
+            per[other] = unexplained
+            split = tuple(compress(zip(names, per, strict=True), per))  # the non-zero causes, in C
         else:
             split = (("other", b - a),) if b != a else ()
         while w < nw and work[w][1] <= a:
             w += 1
-        ww = 0
-        k = w
-        while k < nw and work[k][0] < b:
-            s, e = work[k]
-            ov = (e if e < b else b) - (s if s > a else a)
-            if ov > 0:
-                ww += ov
-            k += 1
+        if w < nw and work[w][0] <= a and work[w][1] >= b:
+            ww = b - a  # merged work intervals: one covers the whole gap
+        else:
+            ww = 0
+            k = w
+            while k < nw and work[k][0] < b:
+                s, e = work[k]
+                ov = (e if e < b else b) - (s if s > a else a)
+                if ov > 0:
+                    ww += ov
+                k += 1
         out.append(_new_gap(Gap, (engine_id, a, b, split, ww)))
     return out
 
@@ -269,7 +362,7 @@ def iter_gaps(
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
     segs = segments(engine)
-    busy = merge((f.start_ns, f.end_ns) for st in engine.steps for f in st.forwards)
+    busy = _busy(engine)
     raw = _segment_gaps(segs, busy)
     work = merge(work_intervals(engine, requests))
     return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
