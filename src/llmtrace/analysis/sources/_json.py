@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 JSONDecodeError = json.JSONDecodeError
@@ -34,3 +34,19 @@ def error_position(exc: Exception) -> str:
 def short_message(exc: Exception) -> str:
     msg = getattr(exc, "msg", None) or str(exc)
     return msg.split(":", 1)[0] if ": line" in msg else msg
+
+
+def iter_documents(text: str) -> Iterator[tuple[int, Any]]:
+    """JSON values written back to back (whitespace or commas between), each with the
+    offset it starts at: a saved streamed response, concatenated exports. A malformed one
+    raises :class:`json.JSONDecodeError` (``pos`` is its offset in ``text``)."""
+    decoder = json.JSONDecoder()
+    pos, n = 0, len(text)
+    while True:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n:
+            return
+        doc, end = decoder.raw_decode(text, pos)
+        yield pos, doc
+        pos = end

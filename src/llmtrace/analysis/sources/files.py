@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
 from llmtrace.analysis.sources import otlp_typed
-from llmtrace.analysis.sources._json import DecodeErrors, error_position, loads, short_message
+from llmtrace.analysis.sources._json import DecodeErrors, error_position, iter_documents, loads, short_message
 from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
 from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
 
@@ -235,21 +235,14 @@ def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStat
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SourceError(path, "not UTF-8 text", f"byte {exc.start}") from None
-    decoder = json.JSONDecoder()
-    pos, n, count = 0, len(text), 0
-    while True:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n:
-            break
-        try:
-            doc, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise SourceError(path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)) from None
-        count += 1
-        position = error_position_text(text, pos)
-        yield spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)
-        pos = end
+    count = 0
+    try:
+        for pos, doc in iter_documents(text):
+            count += 1
+            position = error_position_text(text, pos)
+            yield spans_from_document(doc, source=path, position=position, intern=intern, stats=stats)
+    except json.JSONDecodeError as exc:
+        raise SourceError(path, f"malformed JSON: {exc.msg}", error_position_text(text, exc.pos)) from None
     if count == 0:
         raise SourceError(path, "no JSON document found", "line 1")
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
+from llmtrace.analysis.sources._json import iter_documents
 from llmtrace.analysis.sources.files import ReadStats, spans_from_document
 from llmtrace.analysis.sources.otlp import Interner
 
@@ -172,15 +173,8 @@ class JaegerSource:
 
 def _documents(text: str, source: str, position: str) -> Iterator[Any]:
     """A v3 response streams one ``{"result": ...}`` object per chunk; decode them all."""
-    decoder = json.JSONDecoder()
-    pos, n = 0, len(text)
-    while True:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n:
-            return
-        try:
-            doc, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            raise SourceError(source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}") from None
-        yield doc
+    try:
+        for _, doc in iter_documents(text):
+            yield doc
+    except json.JSONDecodeError as exc:
+        raise SourceError(source, f"malformed JSON in response: {exc.msg}", f"{position} char {exc.pos}") from None
