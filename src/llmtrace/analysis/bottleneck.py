@@ -88,9 +88,13 @@ def score(f: Features) -> dict[Bottleneck, float]:
     }
 
 
+#: Ties between scores go to the class declared first.
+_DECLARED = {b: i for i, b in enumerate(Bottleneck)}
+
+
 def diagnose(f: Features) -> Diagnosis:
     scores = score(f)
-    cls, best = max(scores.items(), key=lambda kv: (kv[1], -list(Bottleneck).index(kv[0])))
+    cls, best = max(scores.items(), key=lambda kv: (kv[1], -_DECLARED[kv[0]]))
     if best < MIN_SCORE:
         cls = Bottleneck.NONE
     return Diagnosis(
@@ -104,18 +108,19 @@ def diagnose(f: Features) -> Diagnosis:
 
 def _evidence(cls: Bottleneck, f: Features) -> dict[str, float]:
     base = {"gpu_busy_ratio": f.busy_ratio, "idle_with_work_ratio": f.idle_with_work_ratio}
-    extra: dict[Bottleneck, dict[str, float]] = {
-        Bottleneck.COMPUTE: {"mean_batch_size": f.mean_batch, "queue_share": f.queue_share},
-        Bottleneck.MEMORY: {
-            "preemptions_per_request": f.preemptions_per_request,
-            "kv_usage_p90": f.kv_usage_p90,
-        },
-        Bottleneck.HOST: {f"idle_share_{k}": v for k, v in f.host_cause_share.items() if v > 0},
-        Bottleneck.QUEUEING: {"queue_share": f.queue_share, "queue_growth_per_s": f.queue_growth},
-        Bottleneck.NETWORK: {"network_share": f.network_share},
-        Bottleneck.NONE: {"queue_share": f.queue_share, "mean_batch_size": f.mean_batch},
-    }
-    return {k: round(v, 4) for k, v in {**base, **extra[cls]}.items()}
+    if cls is Bottleneck.COMPUTE:
+        extra = {"mean_batch_size": f.mean_batch, "queue_share": f.queue_share}
+    elif cls is Bottleneck.MEMORY:
+        extra = {"preemptions_per_request": f.preemptions_per_request, "kv_usage_p90": f.kv_usage_p90}
+    elif cls is Bottleneck.HOST:
+        extra = {f"idle_share_{k}": v for k, v in f.host_cause_share.items() if v > 0}
+    elif cls is Bottleneck.QUEUEING:
+        extra = {"queue_share": f.queue_share, "queue_growth_per_s": f.queue_growth}
+    elif cls is Bottleneck.NETWORK:
+        extra = {"network_share": f.network_share}
+    else:
+        extra = {"queue_share": f.queue_share, "mean_batch_size": f.mean_batch}
+    return {k: round(v, 4) for k, v in {**base, **extra}.items()}
 
 
 def _recommend(cls: Bottleneck, f: Features) -> str:

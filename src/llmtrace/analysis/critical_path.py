@@ -54,7 +54,7 @@ _END_THEN_START = itemgetter(1, 0)
 
 def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
     out = []
-    for c in trace.children_of(span):
+    for c in trace.children.get(span.span_id, ()):
         s, e = max(c.start_ns, lo), min(c.end_ns, hi)
         if s < e or (s == e and lo <= c.start_ns <= hi):
             out.append((s, e, c))
@@ -65,13 +65,14 @@ def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[
 def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) -> list[Section]:
     """Sections of the critical path of ``root``'s subtree, latest first; they tile ``root``."""
     sections: list[Section] = []
-    # A frame: the span, its clipped interval, its children (clipped, latest end first), a cursor.
-    frames: list[tuple[Span, int, int, list[tuple[int, int, Span]], list[int]]] = [
-        (root, root.start_ns, root.end_ns, _clipped_children(trace, root, root.start_ns, root.end_ns), [0])
+    # A frame: the span, its clipped start, its children (clipped, latest end first), a
+    # cursor into them, and its name path (built once per frame, shared by its sections).
+    frames: list[tuple[Span, int, list[tuple[int, int, Span]], list[int], tuple[str, ...]]] = [
+        (root, root.start_ns, _clipped_children(trace, root, root.start_ns, root.end_ns), [0], (root.name,))
     ]
     returning = root.end_ns
     while frames:
-        span, lo, _hi, kids, cursor = frames[-1]
+        span, lo, kids, cursor, stack = frames[-1]
         end = returning
         chosen = None
         i = cursor[0]
@@ -82,13 +83,12 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
                 chosen = k
                 break
         cursor[0] = i
-        stack = tuple([f[0].name for f in frames])
         if chosen is not None:
             cs, ce, child = chosen
             cut = min(ce, end)
             if cut < end:
                 sections.append(_new_section(span, cut, end, stack))
-            frames.append((child, cs, cut, _clipped_children(trace, child, cs, cut), [0]))
+            frames.append((child, cs, _clipped_children(trace, child, cs, cut), [0], (*stack, child.name)))
             returning = cut
         else:
             if lo < end:
