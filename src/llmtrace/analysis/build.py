@@ -41,6 +41,9 @@ _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTP
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
 _IS_VIEW_SPAN = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE)).__contains__
 _NAME = attrgetter("name")
+_START = attrgetter("start_ns")
+_STEP_START = attrgetter("step.start_ns")
+_REQUEST_START = attrgetter("request.start_ns")
 
 
 def _domain(span: Span) -> tuple[Any, ...]:
@@ -163,12 +166,12 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
         notes.append(f"{orphans} span(s) reference a parent that is not in the data (partial traces)")
     engines = {}
     for eid in sorted(set(steps) | set(windows)):
-        st = sorted(steps.get(eid, ()), key=lambda v: v.step.start_ns)
-        win = sorted(windows.get(eid, ()), key=lambda w: w.start_ns)
-        gc = sorted(gcs.get(eid, ()), key=lambda s: s.start_ns)
+        st = sorted(steps.get(eid, ()), key=_STEP_START)
+        win = sorted(windows.get(eid, ()), key=_START)
+        gc = sorted(gcs.get(eid, ()), key=_START)
         engines[eid] = EngineView(eid, tuple(win), tuple(st), tuple(gc))
-    requests.sort(key=lambda r: r.request.start_ns)
-    tokenize.sort(key=lambda s: s.start_ns)
+    requests.sort(key=_REQUEST_START)
+    tokenize.sort(key=_START)
     return TraceSet(tuple(traces), tuple(requests), engines, tuple(tokenize), tuple(notes))
 
 

@@ -12,6 +12,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, sub
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
@@ -25,6 +26,9 @@ from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSe
 from llmtrace.analysis.stats import pcts
 
 _T = TypeVar("_T")
+_WORK_WAITING = attrgetter("work_waiting_ns")
+_START = attrgetter("start_ns")
+_END = attrgetter("end_ns")
 SCHEMA = "llmtrace.analysis"
 SCHEMA_VERSION = 1
 #: Per-request samples kept in the summary for ``compare``'s significance test; a stride
@@ -221,7 +225,10 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
     e, ei = max(zip(engines.values(), idle, strict=True), key=lambda p: len(p[0].steps))
     if not e.steps:
         return {}
-    worst = max(ei.gaps, key=lambda g: (g.work_waiting_ns, g.duration_ns), default=None)
+    # The first gap with the most work waiting, then the longest (keys built in C: one per gap).
+    gaps = ei.gaps
+    keys = list(zip(map(_WORK_WAITING, gaps), map(sub, map(_END, gaps), map(_START, gaps)), strict=True))
+    worst = gaps[keys.index(max(keys))] if keys else None
     starts = [s.step.start_ns for s in e.steps]
     center = bisect_left(starts, worst.start_ns) if worst else 0
     lo = max(0, center - TIMELINE_STEPS // 2)
