@@ -13,7 +13,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
 from llmtrace.lifecycle.phases import compute_phases
-from llmtrace.lifecycle.stats import NS, token_timing
+from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
     from llmtrace._export import ExportStats
@@ -64,11 +64,10 @@ class ServingMetrics:
                                                                                   "text_completion")}
         if (model := rec.attributes.get(semconv.GEN_AI_REQUEST_MODEL)) is not None:
             attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-        timing = token_timing(rec.arrival_ns, rec.token_ns)
-        if timing.ttft_s is not None:
-            self._ttft.record(timing.ttft_s, attrs)
-        if timing.tpot_s is not None:
-            self._tpot.record(timing.tpot_s, attrs)
+        if rec.token_ns:  # TTFT and TPOT only: the inter-token percentiles are the span's
+            self._ttft.record((rec.token_ns[0] - rec.arrival_ns) * NS, attrs)
+            if (tpot := tpot_s(rec.token_ns)) is not None:
+                self._tpot.record(tpot, attrs)
         end = rec.finish_ns or rec.arrival_ns
         self._duration.record((end - rec.arrival_ns) * NS, {**attrs, "finish_reason": rec.finish_reason or ""})
         if rec.prompt_tokens is not None:

@@ -31,6 +31,13 @@ class TokenTiming:
     itl_max_s: float | None
 
 
+def tpot_s(token_times_ns: list[int]) -> float | None:
+    """Time per output token, as vLLM defines it: (last token - first token) / (tokens - 1)."""
+    if len(token_times_ns) < 2:
+        return None
+    return (token_times_ns[-1] - token_times_ns[0]) * NS / (len(token_times_ns) - 1)
+
+
 def token_timing(start_ns: int, token_times_ns: list[int]) -> TokenTiming:
     """Statistics from the arrival time and the time each output token (or chunk) appeared.
 
@@ -43,10 +50,9 @@ def token_timing(start_ns: int, token_times_ns: list[int]) -> TokenTiming:
     if len(token_times_ns) < 2:
         return TokenTiming(ttft, None, None, None, None, None)
     gaps = sorted(b - a for a, b in itertools.pairwise(token_times_ns))
-    tpot = (token_times_ns[-1] - token_times_ns[0]) * NS / (len(token_times_ns) - 1)
     return TokenTiming(
         ttft_s=ttft,
-        tpot_s=tpot,
+        tpot_s=tpot_s(token_times_ns),
         itl_mean_s=sum(gaps) * NS / len(gaps),
         itl_p50_s=percentile(gaps, 50) * NS,
         itl_p99_s=percentile(gaps, 99) * NS,
