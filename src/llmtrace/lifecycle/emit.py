@@ -22,7 +22,7 @@ On purpose, the direct path differs from the live one in two ways:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan
@@ -109,9 +109,9 @@ class SdkFinishedSpans:
                             (), tuple(links[:self._max_links]), kind, None, _UNSET, start_ns, None, self._scope)
 
     def close(self, span: OpenSpan, end_ns: int) -> None:
-        assert isinstance(span, ReadableSpan)
-        span._end_time = end_ns  # the SDK's own Span.end() sets exactly this
-        self._processor.on_end(span)
+        readable = cast(ReadableSpan, span)  # what open() returned
+        readable._end_time = end_ns  # the SDK's own Span.end() sets exactly this
+        self._processor.on_end(readable)
 
 
 def finished_spans(tracer: trace.Tracer) -> FinishedSpans:
