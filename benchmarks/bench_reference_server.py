@@ -26,6 +26,11 @@ completions (concurrency C) to each. Two measures per run:
 Budget: full >= 0.97, production >= 0.995 of untraced.
 
     python benchmarks/bench_reference_server.py [--rounds 3] [--requests 96] [--concurrency 16]
+    python benchmarks/bench_reference_server.py --parallel --rounds 8   # paired: all arms at once
+
+With ``--parallel`` the three servers run side by side and are loaded at the same time,
+so a noisy neighbour or a CPU-frequency change hits every arm alike: each round gives
+a paired ratio of tokens per server CPU-second, and the median of those is reported.
 """
 
 from __future__ import annotations
@@ -106,38 +111,66 @@ def child(config: str, out: str) -> None:
             print(json.dumps({"cpu_s": _server_cpu_s()}), flush=True)
 
 
-def measure(config: str, out: str, requests: int, concurrency: int, max_tokens: int) -> dict[str, float]:
-    """Start a server for *config*, warm it up, then time the load in wall and server CPU."""
-    proc = subprocess.Popen([sys.executable, __file__, "--child", config, "--out", out],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdin is not None and proc.stdout is not None
+class Server:
+    """One server for *config* in a fresh process (front end + engine process), asked over a pipe
+    for its CPU time and over HTTP for llmtrace's own threads' share of it."""
 
-    def ask_cpu() -> tuple[float, float]:
+    def __init__(self, config: str, out: str) -> None:
+        self.config = config
+        self.proc = subprocess.Popen([sys.executable, __file__, "--child", config, "--out", out],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.url: str = json.loads(self.stdout.readline())["url"]
+
+    def cpu(self) -> tuple[float, float]:
         """(server CPU, of which llmtrace's own threads), seconds so far."""
         import httpx
 
-        stats = httpx.get(base_url + "/stats", timeout=30).json()
+        stats = httpx.get(self.url + "/stats", timeout=30).json()
         ours = sum(sum(by_worker.values()) for by_worker in stats.get("llmtrace_cpu_s", {}).values())
-        proc.stdin.write("cpu\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
-        return float(json.loads(proc.stdout.readline())["cpu_s"]), ours  # type: ignore[union-attr]
+        self.stdin.write("cpu\n")
+        self.stdin.flush()
+        return float(json.loads(self.stdout.readline())["cpu_s"]), ours
 
-    try:
-        base_url = json.loads(proc.stdout.readline())["url"]
-        asyncio.run(_load(base_url, concurrency, concurrency, 4))  # warm-up: model, sockets, caches
-        time.sleep(1.5)  # let warm-up windows close and export
-        cpu_start, ours_start = ask_cpu()
-        start = time.perf_counter()
-        tokens = asyncio.run(_load(base_url, requests, concurrency, max_tokens))
-        elapsed = time.perf_counter() - start
-        time.sleep(1.5)  # the last engine windows close (1 s) and their spans are exported, on the server's CPU
-        cpu_end, ours_end = ask_cpu()
-    finally:
-        proc.stdin.close()
-        proc.wait(120)
-    cpu = cpu_end - cpu_start
+    def close(self) -> None:
+        self.stdin.close()
+        self.proc.wait(120)
+
+
+def _result(tokens: int, elapsed: float, before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
+    cpu = after[0] - before[0]
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu,
-            "llmtrace_thread_share": (ours_end - ours_start) / cpu}
+            "llmtrace_thread_share": (after[1] - before[1]) / cpu}
+
+
+def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: int,
+            max_tokens: int) -> dict[str, dict[str, float]]:
+    """Start a server per config, warm them up, then load them *at the same time* and time each
+    in wall and server CPU. With one config this is a plain sequential measurement; with
+    several, every arm sees the same machine noise, so their ratios are paired."""
+    servers = [Server(config, str(Path(tmp) / f"{config}-{tag}.jsonl")) for config in configs]
+    try:
+
+        async def load_all(n: int, tokens: int) -> list[tuple[int, float]]:
+            async def timed(server: Server) -> tuple[int, float]:
+                start = time.perf_counter()
+                count = await _load(server.url, n, concurrency, tokens)
+                return count, time.perf_counter() - start
+
+            return list(await asyncio.gather(*(timed(server) for server in servers)))
+
+        asyncio.run(load_all(concurrency, 4))  # warm-up: model, sockets, caches
+        time.sleep(1.5)  # let warm-up windows close and export
+        before = [server.cpu() for server in servers]
+        loads = asyncio.run(load_all(requests, max_tokens))
+        time.sleep(1.5)  # the last engine windows close (1 s) and their spans are exported, on the server's CPU
+        after = [server.cpu() for server in servers]
+    finally:
+        for server in servers:
+            server.close()
+    return {server.config: _result(tokens, elapsed, b, a)
+            for server, (tokens, elapsed), b, a in zip(servers, loads, before, after, strict=True)}
 
 
 def main() -> None:
@@ -146,6 +179,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--parallel", action="store_true",
+                        help="load all three servers at once in each round (paired ratios: the same noise hits "
+                             "every arm); tokens/s is then shared between them and only the CPU ratio compares")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
     parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -157,13 +193,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
             order = list(CONFIGS) if round_index % 2 == 0 else list(reversed(CONFIGS))  # ABC, CBA, ...
-            for name in order:
-                out = str(Path(tmp) / f"{name}-{round_index}.jsonl")
-                run = measure(name, out, args.requests, args.concurrency, args.max_tokens)
-                results[name].append(run)
-                print(f"round {round_index + 1}: {name:<10} {run['tokens_per_s']:8.1f} tokens/s  "
-                      f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "
-                      f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU", file=sys.stderr)
+            batches = [order] if args.parallel else [[name] for name in order]
+            for batch in batches:
+                for name, run in measure(batch, tmp, str(round_index), args.requests, args.concurrency,
+                                         args.max_tokens).items():
+                    results[name].append(run)
+                    print(f"round {round_index + 1}: {name:<10} {run['tokens_per_s']:8.1f} tokens/s  "
+                          f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "
+                          f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU", file=sys.stderr)
+    if args.parallel:  # paired: each round's ratio, then the median and range of those
+        for name in CONFIGS:
+            ratios = sorted(r["tokens_per_cpu_s"] / u["tokens_per_cpu_s"]
+                            for r, u in zip(results[name], results["untraced"], strict=True))
+            print(f"paired CPU ratio {name:<10} median {statistics.median(ratios):.3f} "
+                  f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})", file=sys.stderr)
     keys = ("tokens_per_s", "tokens_per_cpu_s", "llmtrace_thread_share")
     summary = {name: {key: statistics.median(r[key] for r in runs) for key in keys} for name, runs in results.items()}
     base = summary["untraced"]

@@ -196,3 +196,88 @@ def test_idle_engine_closes_an_old_window(runtime_with: object) -> None:
     time.sleep(0.06)
     engine.idle()
     assert 1 == len(captured.named(semconv.SPAN_ENGINE))
+
+
+def test_marks_record_the_same_phases_as_with_blocks(captured: Captured) -> None:
+    """step.mark(name) boundaries give contiguous phases; end_step closes the last one, and the
+    forward marked this way is timed on the GPU like a ``with`` block's."""
+    engine = EngineTracer("dp9")
+    engine.forward_timer = _RecordedForwardTimer()
+    engine.tracker.add("a")
+    step = engine.begin_step()
+    step.mark("schedule")
+    step.batch(["a"], decode_tokens=1)
+    step.mark("forward")
+    step.mark("sample")
+    step.tokens()
+    step.mark("postprocess")
+    engine.end_step(step)
+    assert ["schedule", "forward", "sample", "postprocess"] == [name for name, _, _ in step.phases]
+    bounds = [t for _, start, end in step.phases for t in (start, end)]
+    assert bounds == sorted(bounds)
+    assert all(step.phases[i][2] == step.phases[i + 1][1] for i in range(3))  # contiguous
+    assert step.phases[-1][2] <= step.end_ns
+    engine.flush_window()
+    (forward,) = captured.named(semconv.SPAN_FORWARD)
+    assert 0.003 == forward.attributes[semconv.LLM_FORWARD_GPU_TIME_S]
+    names = {s.name for s in captured.spans()}
+    assert {semconv.SPAN_SCHEDULE, semconv.SPAN_SAMPLE, semconv.SPAN_POSTPROCESS} <= names
+
+
+def test_mark_none_ends_a_phase_without_starting_another(runtime_with: object) -> None:
+    engine = EngineTracer("dp10")
+    step = engine.begin_step()
+    step.mark("schedule")
+    step.mark(None)
+    engine.end_step(step)
+    assert ["schedule"] == [name for name, _, _ in step.phases]
+
+
+def test_batch_and_tokens_skip_unknown_and_finished_requests(captured: Captured, caplog: pytest.LogCaptureFixture,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids the tracker never saw are logged and skipped (also from a generator); a request that
+    already finished gets no more steps or tokens; the others are counted."""
+    import logging
+
+    from llmtrace import _safety
+
+    monkeypatch.setattr(_safety, "_warned", set())  # the warning is once per process
+
+    engine = EngineTracer("dp11")
+    for rid in ("a", "b"):
+        engine.tracker.add(rid)
+    engine.tracker._open["b"].finished("stop")  # ended elsewhere, still in the tracker
+    with caplog.at_level(logging.WARNING, logger="llmtrace"):
+        step = engine.begin_step()
+        step.batch(rid for rid in ("a", "ghost", "b"))
+        step.tokens(rid for rid in ("a", "ghost", "b"))
+        engine.end_step(step)
+    a, b = engine.tracker._open["a"], engine.tracker._open["b"]
+    assert ([0], 1, 1) == (a.steps, len(a.scheduled_ns), len(a.token_ns))
+    assert ([], [], []) == (b.steps, b.scheduled_ns, b.token_ns)
+    assert [a, b] == step.handles
+    assert any("never saw" in r.getMessage() for r in caplog.records)
+
+
+def test_output_tokens_count_events_and_multi_token_events(runtime_with: object) -> None:
+    """One per token event, n for an event of n tokens; the adapter's final count wins."""
+    engine = EngineTracer("dp12")
+    handle = engine.tracker.add("a")
+    _run_steps(engine, ["a"], 3)
+    handle.token(4)  # a speculative-decoding step that accepted four tokens
+    assert 7 == handle.output_tokens
+    handle.finished("length", output_tokens=9)
+    assert 9 == handle.output_tokens
+
+
+def test_a_preempted_request_is_scheduled_again_by_the_next_step(runtime_with: object) -> None:
+    """Each queue wait ends at the first step after it, not at later ones."""
+    engine = EngineTracer("dp13")
+    handle = engine.tracker.add("a")
+    _run_steps(engine, ["a"], 2)
+    engine.tracker.preempted("a")
+    _run_steps(engine, ["a"], 2)
+    assert 2 == len(handle.queued_ns) == len(handle.scheduled_ns)
+    assert handle.queued_ns[1] <= handle.scheduled_ns[1]
+    assert [0, 1, 2, 3] == handle.steps
+    assert not handle.awaiting_schedule

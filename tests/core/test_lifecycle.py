@@ -101,9 +101,12 @@ def test_events_after_the_end_are_ignored(captured: Captured) -> None:
     assert "stop" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
 
 
-def test_unknown_request_id_is_logged_once_and_ignored(captured: Captured,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+def test_unknown_request_id_is_logged_once_and_ignored(captured: Captured, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The tracker never raises into the engine loop for an id it never saw."""
+    from llmtrace import _safety
+
+    monkeypatch.setattr(_safety, "_warned", set())  # once per process: other tests may have logged it
     tracker = RequestTracker()
     with caplog.at_level(logging.WARNING, logger="llmtrace"):
         tracker.scheduled("nope", 1)

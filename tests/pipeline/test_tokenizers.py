@@ -73,6 +73,21 @@ def test_encode_in_a_request_is_recorded_on_the_request(tiny_tokenizer: Any, cap
     assert [] == captured.named(semconv.SPAN_DETOKENIZE)  # incremental detokenize is a total, not a span
 
 
+def test_decode_for_an_unsampled_request_is_not_timed(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """Sampling dropped the request: its decodes pass straight through (a decode's time only goes on
+    spans), while its encode still counts the prompt (metrics need it)."""
+    with capture_spans() as captured:
+        handle = llmtrace.start_request(model="m", owns_span=False)  # no sampled parent: not recording
+        assert not handle.recording
+        with handle.activate():
+            ids = tiny_tokenizer.encode("hello world, the quick brown fox")
+            assert "hello world" in tiny_tokenizer.decode(ids)
+        handle.finished()
+    assert 0 == handle.detokenize_ns
+    assert len(ids) == handle.prompt_tokens
+    assert [] == captured.named(semconv.SPAN_DETOKENIZE)
+
+
 def test_tokenizer_outside_traced_work_records_nothing(tiny_tokenizer: Any, capture_spans: Any) -> None:
     """No request, no server call, no current span: no root spans for start-up tokenization."""
     with capture_spans() as captured:

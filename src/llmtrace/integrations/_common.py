@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -31,7 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from llmtrace import _runtime, semconv
-from llmtrace._safety import guarded
+from llmtrace._safety import guarded, record_error
 from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
 from llmtrace.lifecycle.request import current_request
 from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
@@ -183,12 +183,13 @@ def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str
     return bound.arguments.get(name)
 
 
-def _timed_tokenizer_call(after: Any) -> Any:
+def _timed_tokenizer_call(after: Any, observed: Callable[[], bool] | None = None) -> Any:
     """A wrapt wrapper timing one user-level tokenizer call (nested calls pass straight through),
-    then reporting through *after(wrapped, instance, args, kwargs, result, start_ns, error)*."""
+    then reporting through *after(wrapped, instance, args, kwargs, result, start_ns, error)*.
+    When *observed* says nothing would record the call, it passes straight through too."""
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _in_tokenizer.get():
+        if _in_tokenizer.get() or (observed is not None and not observed()):
             return wrapped(*args, **kwargs)
         token = _in_tokenizer.set(True)
         start = monotonic_ns()
@@ -223,7 +224,27 @@ def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args
 
 def decode_wrapper(count: Any) -> Any:
     """A wrapt wrapper timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    return _timed_tokenizer_call(functools.partial(_after_decode, count))
+    return _timed_tokenizer_call(functools.partial(_after_decode, count), _decode_observed)
+
+
+def _decode_observed() -> bool:
+    """Whether a decode now would end up in a recording span (see :func:`record_detokenize`).
+
+    A decode's time only ever lands on spans (``llm.detokenize``, ``llm.detokenize.total_s``
+    on ``llm.request``), never on metrics: for a request that sampling dropped — 90% of them
+    at 10% sampling — a streamed response's per-token decodes run untimed (~5 µs a token
+    saved, docs/performance.md). Never raises into the host's decode: when in doubt, time it."""
+    try:
+        handle = current_request()
+        if handle is not None:
+            return handle.recording
+        scope = current_scope()
+        if scope is not None:
+            return trace.get_current_span(scope.context).is_recording() or any(h.recording for h in scope.handles)
+        return _current_span_recording()
+    except Exception as exc:  # noqa: BLE001 - counted; the decode is then timed as before
+        record_error("detokenize.observed", exc)
+        return True
 
 
 def _after_decode(count: Any, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],

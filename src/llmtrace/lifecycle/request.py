@@ -60,15 +60,17 @@ class RequestHandle:
     """
 
     __slots__ = (
+        "_extra_tokens",
+        "_reported_tokens",
         "_token",
         "arrival_ns",
         "attributes",
+        "awaiting_schedule",
         "completion",
         "detokenize_ns",
         "error",
         "finish_ns",
         "finish_reason",
-        "output_tokens",
         "owns_span",
         "parent_context",
         "prompt",
@@ -114,7 +116,13 @@ class RequestHandle:
         self.steps: list[int] = []
         self.step_records: list[Any] = []  # StepRecords, only with GPU energy accounting
         self.token_ns: list[int] = []
-        self.output_tokens = 0
+        #: True while the request waits for a step: its next ``scheduled`` starts a run (the
+        #: engine loop reads this one flag per request per step, not two list lengths).
+        self.awaiting_schedule = True
+        # Output tokens = one per token event plus these (an event of n > 1 tokens adds n - 1),
+        # unless the adapter reported the count at the end: the per-step loop only appends.
+        self._extra_tokens = 0
+        self._reported_tokens: int | None = None
         self.detokenize_ns = 0
         self.finish_ns: int | None = None
         self.finish_reason: str | None = None
@@ -136,13 +144,15 @@ class RequestHandle:
         """The request entered the scheduler's waiting queue."""
         if self.finish_ns is None and len(self.queued_ns) <= len(self.scheduled_ns):
             self.queued_ns.append(monotonic_ns() if at_ns is None else at_ns)
+            self._update_awaiting()
 
     def scheduled(self, step_id: int | None = None, at_ns: int | None = None) -> None:
         """The request is in the running batch (call once per step it is in, or once)."""
         if self.finish_ns is not None:
             return
-        if len(self.scheduled_ns) < max(1, len(self.queued_ns)):
+        if self.awaiting_schedule:
             self.scheduled_ns.append(monotonic_ns() if at_ns is None else at_ns)
+            self._update_awaiting()
         if step_id is not None:
             self.steps.append(step_id)
 
@@ -150,12 +160,25 @@ class RequestHandle:
         """*n* output tokens appeared (one timestamp per call: a streamed chunk is one event)."""
         if self.finish_ns is None:
             self.token_ns.append(monotonic_ns() if at_ns is None else at_ns)
-            self.output_tokens += n
+            self._extra_tokens += n - 1
 
     def preempted(self, at_ns: int | None = None) -> None:
         """The request left the running batch and waits again (its KV cache was freed)."""
         if self.finish_ns is None and len(self.scheduled_ns) >= len(self.queued_ns):
             self.queued_ns.append(monotonic_ns() if at_ns is None else at_ns)
+            self._update_awaiting()
+
+    def _update_awaiting(self) -> None:
+        # Each queue wait pairs with the schedule that ends it; a request scheduled without
+        # ever being queued still gets its first schedule.
+        self.awaiting_schedule = len(self.scheduled_ns) < max(1, len(self.queued_ns))
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens so far: the adapter's final count when it gave one, else counted events."""
+        if self._reported_tokens is not None:
+            return self._reported_tokens
+        return len(self.token_ns) + self._extra_tokens
 
     def detokenized(self, duration_ns: int) -> None:
         """Time spent turning output tokens into text (incremental or final)."""
@@ -183,7 +206,7 @@ class RequestHandle:
         self.finish_reason = reason
         self.error = error
         if output_tokens is not None:
-            self.output_tokens = output_tokens
+            self._reported_tokens = output_tokens
         self.completion = completion
         BUILDER.submit(self._materialise)
 
