@@ -13,6 +13,7 @@ BASE = dict(
     busy_ratio=0.5,
     idle_with_work_ratio=0.0,
     host_cause_share={},
+    upstream_share=0.0,
     preemptions_per_request=0.0,
     kv_usage_p90=0.3,
     queue_share=0.05,
@@ -50,6 +51,19 @@ def test_host_recommendation_names_the_dominant_host_cause() -> None:
         Features(**{**BASE, "idle_with_work_ratio": 0.3, "host_cause_share": {"gc": 0.7, "schedule": 0.3}})
     )
     assert "garbage-collector" in d.recommendation
+
+
+def test_an_engine_idle_with_its_own_queue_empty_is_starved_by_the_front_end() -> None:
+    """Host-bound idle mostly while the engine held no request: the advice is the front end,
+    not the engine loop; below the threshold the host cause is named as before."""
+    host = {**BASE, "idle_with_work_ratio": 0.3, "host_cause_share": {"other": 0.9}}
+    starved = diagnose(Features(**{**host, "upstream_share": 0.8}))
+    assert Bottleneck.HOST == starved.cls
+    assert "front end" in starved.recommendation
+    assert 0.8 == starved.evidence["idle_with_work_upstream_share"]
+    loop = diagnose(Features(**{**host, "upstream_share": 0.2}))
+    assert "front end" not in loop.recommendation
+    assert "profile the engine loop" in loop.recommendation
 
 
 def test_input_length_buckets_are_powers_of_two() -> None:

@@ -57,6 +57,28 @@ def test_idle_split_into_work_waiting_and_nothing_to_do() -> None:
     assert 22_000_000 == e.nothing_to_do_ns
 
 
+def test_work_waiting_upstream_of_the_engine_is_split_out() -> None:
+    """A request tokenized for 25 ms before the engine queued it: while it was upstream the engine
+    was idle with its own queue empty; from its llm.queue on, the engine held it."""
+    steps = [(0.0, 1.0, 9.0, 10.0), (50.0, 51.0, 59.0, 60.0)]
+    window = engine_window("dp0", steps, step_attrs={sc.LLM_QUEUE_RUNNING: 0, sc.LLM_BATCH_SIZE: 0})
+    req = request_trace("u" * 32, 20.0, 25.0, 5.0, 9.0, 1.0)  # in flight 20..60, engine from 45
+    e = _idle(window + req)
+    # idle 0-1, 9-51, 59-60; with work 20-51 and 59-60 (32 ms); engine-held 45-51 and 59-60 (7 ms)
+    assert 32_000_000 == e.with_work_waiting_ns
+    assert 25_000_000 == e.upstream_ns
+
+
+def test_no_upstream_claim_without_engine_phases() -> None:
+    """A request without phase spans says nothing about where it waited: none of it is upstream."""
+    steps = [(0.0, 1.0, 9.0, 10.0), (50.0, 51.0, 59.0, 60.0)]
+    window = engine_window("dp0", steps, step_attrs={sc.LLM_QUEUE_RUNNING: 0, sc.LLM_BATCH_SIZE: 0})
+    req = [s for s in request_trace("v" * 32, 20.0, 0, 30.0, 9.0, 1.0) if s.name == sc.SPAN_REQUEST]
+    e = _idle(window + req)
+    assert 32_000_000 == e.with_work_waiting_ns
+    assert 0 == e.upstream_ns
+
+
 def test_step_attributes_mark_work_waiting_without_request_traces() -> None:
     """Requests sampled out: a step leaving requests waiting makes the following gap 'with work'."""
     steps = [(0.0, 1.0, 9.0, 10.0), (20.0, 21.0, 29.0, 30.0)]

@@ -32,6 +32,9 @@ MIN_SCORE = 0.35
 #: GPU busy (forward) share of the sampled time above which the device is the limit; vLLM
 #: at saturation runs forwards ~90-95% of wall time, the rest is unavoidable step overhead.
 BUSY_SATURATED = 0.85
+#: Share of idle-with-work time with the engine's own queue empty above which the engine is
+#: starved by its front end rather than slow between steps.
+UPSTREAM_STARVED = 0.5
 #: Idle-with-work-waiting share of sampled time at which host overhead costs real
 #: throughput: 30% idle with requests in flight is a third more tokens left on the table.
 HOST_IDLE_FULL = 0.30
@@ -62,6 +65,9 @@ class Features:
     busy_ratio: float
     idle_with_work_ratio: float
     host_cause_share: Mapping[str, float]
+    #: Of the idle-with-work time, the share when the engine held no request (work upstream);
+    #: None where it is not measured (a window's features).
+    upstream_share: float | None
     preemptions_per_request: float
     kv_usage_p90: float
     queue_share: float
@@ -114,6 +120,8 @@ def _evidence(cls: Bottleneck, f: Features) -> dict[str, float]:
         extra = {"preemptions_per_request": f.preemptions_per_request, "kv_usage_p90": f.kv_usage_p90}
     elif cls is Bottleneck.HOST:
         extra = {f"idle_share_{k}": v for k, v in f.host_cause_share.items() if v > 0}
+        if f.upstream_share is not None:
+            extra["idle_with_work_upstream_share"] = f.upstream_share
     elif cls is Bottleneck.QUEUEING:
         extra = {"queue_share": f.queue_share, "queue_growth_per_s": f.queue_growth}
     elif cls is Bottleneck.NETWORK:
@@ -123,22 +131,33 @@ def _evidence(cls: Bottleneck, f: Features) -> dict[str, float]:
     return {k: round(v, 4) for k, v in {**base, **extra}.items()}
 
 
+def _recommend_host(f: Features) -> str:
+    if (f.upstream_share or 0.0) >= UPSTREAM_STARVED:
+        return (
+            f"GPU idle {f.idle_with_work_ratio:.0%} of the time with requests in flight, but for "
+            f"{f.upstream_share:.0%} of that idle time the engine's own queue was empty: the front end "
+            "starves it (HTTP handling, tokenization, hand-off to the engine, streaming out) — add API-server "
+            "processes or workers, tokenize off the event loop, and compare llm.tokenize and network time."
+        )
+    top = max(f.host_cause_share.items(), key=lambda kv: kv[1], default=("other", 0.0))
+    hints = {
+        "schedule": "the scheduler: enable async scheduling / overlap scheduling with the forward pass",
+        "postprocess": "output processing: move detokenization/streaming off the engine loop",
+        "sample": "sampling: use the fused GPU sampler, avoid per-request logits processors in Python",
+        "gc": "garbage-collector pauses: gc.freeze() after warm-up, raise gc thresholds",
+        "tokenize": "tokenization: tokenize in a separate process or batch it",
+        "other": "untraced host work between steps: profile the engine loop (py-spy)",
+    }
+    return (
+        f"GPU idle {f.idle_with_work_ratio:.0%} of the time with requests waiting; "
+        f"{top[1]:.0%} of that idle time is in {hints.get(top[0], top[0])}; "
+        "CUDA graphs cut launch overhead."
+    )
+
+
 def _recommend(cls: Bottleneck, f: Features) -> str:
     if cls is Bottleneck.HOST:
-        top = max(f.host_cause_share.items(), key=lambda kv: kv[1], default=("other", 0.0))
-        hints = {
-            "schedule": "the scheduler: enable async scheduling / overlap scheduling with the forward pass",
-            "postprocess": "output processing: move detokenization/streaming off the engine loop",
-            "sample": "sampling: use the fused GPU sampler, avoid per-request logits processors in Python",
-            "gc": "garbage-collector pauses: gc.freeze() after warm-up, raise gc thresholds",
-            "tokenize": "tokenization: tokenize in a separate process or batch it",
-            "other": "untraced host work between steps: profile the engine loop (py-spy)",
-        }
-        return (
-            f"GPU idle {f.idle_with_work_ratio:.0%} of the time with requests waiting; "
-            f"{top[1]:.0%} of that idle time is in {hints.get(top[0], top[0])}; "
-            "CUDA graphs cut launch overhead."
-        )
+        return _recommend_host(f)
     if cls is Bottleneck.MEMORY:
         return (
             f"{f.preemptions_per_request:.2f} preemptions/request, KV usage p90 {f.kv_usage_p90:.0%}: "
@@ -183,6 +202,7 @@ def features(
         busy_ratio=(covered - idle_ns) / covered if covered else 0.0,
         idle_with_work_ratio=with_work / covered if covered else 0.0,
         host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
+        upstream_share=sum(e.upstream_ns for e in idle) / with_work if with_work else 0.0,
         preemptions_per_request=(sum(preempt) / len(preempt)) if preempt else _step_preemptions(steps, requests),
         kv_usage_p90=_kv_p90(steps),
         queue_share=queue_share,
@@ -229,6 +249,7 @@ def window_features(
         busy_ratio=(dur - idle_ns) / dur,
         idle_with_work_ratio=with_work_ns / dur,
         host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
+        upstream_share=None,  # the engine-side split is an overall measure
         preemptions_per_request=_step_preemptions(steps),
         kv_usage_p90=_kv_p90(steps),
         queue_share=_clip(sum(waiting) / max(1.0, sum(waiting) + batch)),

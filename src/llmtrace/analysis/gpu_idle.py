@@ -16,6 +16,13 @@ stops everything), ``schedule``, ``postprocess``, ``sample``, ``tokenize``, else
 and separately into "idle with work waiting" (a request was in flight — from ``llm.request``
 intervals, or from step attributes when request traces are sampled out) and "idle, nothing
 to do". The first is lost throughput; the second is just a quiet server.
+
+Idle with work waiting is split once more by *where* the work was: in the engine (its
+queue or batch held a request: step attributes, and each request from its first
+``llm.queue`` to its last phase) or only **upstream** of it — requests the front end was
+still receiving, tokenizing or handing over, or streaming out after the engine finished
+them. An engine idle with its own queue empty is starved by the API server, not slow
+between its steps.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class EngineIdle:
     gap_count: int
     by_cause_ns: dict[str, int]
     with_work_waiting_ns: int
+    upstream_ns: int  # of with_work_waiting_ns: the engine held no request, work was upstream of it
     gap_p50_ns: float
     gap_p99_ns: float
     top_gaps: tuple[Gap, ...]
@@ -135,11 +143,31 @@ def work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[
     A step with a non-empty batch had work during the whole step; the stretch between two
     steps had work when the first left requests waiting, or requests were running on both
     sides of it. Request intervals are added where request traces were kept — they are
-    exact, but sampled, which is why the step attributes are always used too. The step
-    evidence comes joined into runs as it streams (the union is the same; a busy engine
-    has few runs, so :func:`merge` has little left to sort and join).
+    exact, but sampled, which is why the step attributes are always used too.
     """
-    out: list[Interval] = [(r.request.start_ns, r.request.end_ns) for r in requests]
+    return _with_step_evidence(engine, [(r.request.start_ns, r.request.end_ns) for r in requests])
+
+
+def engine_work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[Interval]:
+    """When the engine itself held work: step attributes, and each request from the start of
+    its first engine phase to the end of its last (the whole request when it has no phases:
+    no claim about upstream without evidence)."""
+    return _with_step_evidence(engine, [_engine_held(r) for r in requests])
+
+
+_ENGINE_PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE)  # not llm.tokenize: the front end's
+
+
+def _engine_held(request: RequestView) -> Interval:
+    phases = [s for name in _ENGINE_PHASES for s in request.phases.get(name, ())]
+    if not phases:
+        return request.request.start_ns, request.request.end_ns
+    return min(s.start_ns for s in phases), max(s.end_ns for s in phases)
+
+
+def _with_step_evidence(engine: EngineView, out: list[Interval]) -> list[Interval]:
+    """*out* plus the step evidence, which comes joined into runs as it streams (the union is
+    the same; a busy engine has few runs, so :func:`merge` has little left to sort and join)."""
     lo = hi = 0
     joining = False
     for s, e in _step_evidence(engine.steps):
@@ -355,6 +383,21 @@ def _classify_all(
 _new_gap = tuple.__new__
 
 
+def _overlap(gaps: Sequence[Interval], intervals: Sequence[Interval]) -> int:
+    """Total overlap of sorted, disjoint *gaps* with sorted, disjoint *intervals*."""
+    total = i = 0
+    n = len(intervals)
+    for a, b in gaps:
+        while i < n and intervals[i][1] <= a:
+            i += 1
+        k = i
+        while k < n and intervals[k][0] < b:
+            s, e = intervals[k]
+            total += (e if e < b else b) - (s if s > a else a)
+            k += 1
+    return total
+
+
 def iter_gaps(
     engine: EngineView,
     requests: Sequence[RequestView],
@@ -377,6 +420,11 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
         with_work += g.work_waiting_ns
         for cause, ns in g.causes:
             by_cause[cause] += ns
+    # Idle with the engine holding work, inside the gaps with work waiting (engine work is a
+    # subset of all work: the step evidence is in both, and a request's engine phases lie
+    # inside the request); what is left was waiting upstream.
+    engine_work = merge(engine_work_intervals(engine, requests))
+    engine_side = _overlap(merge([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns]), engine_work)
     durations = [g.end_ns - g.start_ns for g in found]
     idle = sum(durations)
     covered = sum(b - a for a, b in segs)
@@ -391,6 +439,7 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
         len(found),
         by_cause,
         with_work,
+        max(0, with_work - engine_side),
         q["p50"],
         q["p99"],
         top,

@@ -331,6 +331,7 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
                 "covered_s": e.covered_ns / 1e9,
                 "gaps": e.gap_count,
                 "with_work_waiting_s": e.with_work_waiting_ns / 1e9,
+                "upstream_s": e.upstream_ns / 1e9,
                 "nothing_to_do_s": e.nothing_to_do_ns / 1e9,
                 "by_cause_s": {k: v / 1e9 for k, v in e.by_cause_ns.items()},
                 "gap_p50_s": e.gap_p50_ns / 1e9,

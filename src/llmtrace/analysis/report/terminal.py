@@ -89,8 +89,11 @@ def _gpu_idle(idle: Mapping[str, Any]) -> list[str]:
             f"  {eid}: {_pct(d['ratio'])} idle — {fmt_s(d['total_s'])} of {fmt_s(d['covered_s'])} in "
             f"{d['gaps']:,} gaps (p50 {fmt_s(d['gap_p50_s'])}, p99 {fmt_s(d['gap_p99_s'])})"
         )
+        upstream = d.get("upstream_s", 0.0)  # absent from summaries saved by older versions
         out.append(
-            f"      with work waiting {fmt_s(d['with_work_waiting_s'])} · nothing to do {fmt_s(d['nothing_to_do_s'])}"
+            f"      with work waiting {fmt_s(d['with_work_waiting_s'])}"
+            + (f" (engine queue empty, work upstream: {fmt_s(upstream)})" if upstream else "")
+            + f" · nothing to do {fmt_s(d['nothing_to_do_s'])}"
         )
         total = d["total_s"] or 1.0
         causes = sorted(((k, v) for k, v in d["by_cause_s"].items() if v), key=lambda kv: -kv[1])
