@@ -15,6 +15,7 @@ the median of the per-repeat differences (the spread is printed: this is a share
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -76,13 +77,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per step under valgrind instead (stable on a noisy host; slow)")
+    parser.add_argument("--loop-only", choices=("with", "mark"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.instructions:
+        count_instructions(args.batch)
+        return
     import llmtrace
 
     # One window holds every step: the timed loop measures the engine thread alone; the span
     # builder's work (on its own thread) is timed separately when the window is flushed.
     llmtrace.instrument(exporter="none", metrics=False, gpu="off", engine_window_steps=args.steps + 1,
                         engine_window_s=3600)
+    if args.loop_only:  # one traced loop and nothing else, for count_instructions()
+        run(args.steps, args.batch, traced=True, marks=args.loop_only == "mark")
+        os._exit(0)  # skip the interpreter's teardown: its instructions would not cancel out
     for style, marks in (("with step.phase()", False), ("step.mark()", True)):
         costs = []
         for i in range(args.repeat):
@@ -92,6 +102,34 @@ def main() -> None:
         costs.sort()
         print(f"engine thread, batch {args.batch}, phases by {style}: {statistics.median(costs):.2f} µs CPU per "
               f"step for tracing (budget 20 µs; median of {args.repeat}, range {costs[0]:.2f}-{costs[-1]:.2f})")
+
+
+def count_instructions(batch: int) -> None:
+    """Instructions per step: ``callgrind`` totals of runs of 1,500 and 500 traced steps,
+    differenced (start-up cancels out) and divided by 1,000 — stable where CPU time is not."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+
+    def total(steps: int, style: str) -> int:
+        out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
+                              __file__, "--loop-only", style, "--steps", str(steps), "--batch", str(batch)],
+                             capture_output=True, text=True, check=True).stderr
+        return int(re.findall(r"Collected : (\d+)", out)[-1])
+
+    for style in ("with", "mark"):
+        try:
+            per_step = (total(1500, style) - total(500, style)) / 1000
+        except subprocess.CalledProcessError as exc:  # an older llmtrace on PYTHONPATH: no step.mark()
+            print(f"engine thread, batch {batch}, phases by {style}: failed ({exc.stderr.strip().splitlines()[-1]})")
+            continue
+        print(f"engine thread, batch {batch}, phases by {style}: {per_step / 1000:.1f}k instructions per step "
+              "(traced loop, including the loop itself)")
+
 
 if __name__ == "__main__":
     main()

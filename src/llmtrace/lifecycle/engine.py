@@ -38,7 +38,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any, cast
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Link
@@ -145,7 +145,11 @@ class StepRecord:
         """The requests in this step's batch, and the batch's numbers."""
         # RequestHandle.scheduled() inlined: this loop runs for every request in every step,
         # so the lookups run in C (map) and the loop body is one flag test and one append.
-        handles = self.engine.handles_for(request_ids)
+        if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
+            request_ids = list(request_ids)  # a generator: read once, used twice on the slow path
+        handles: list[Any] = list(map(self.engine.tracker._open.get, request_ids))
+        if not all(handles):  # an id the tracker never saw (None): the slow path logs and skips it
+            handles = self.engine.handles_for(request_ids)
         step_id = self.step_id
         for handle in handles:
             if handle.finish_ns is None:
@@ -269,12 +273,12 @@ class EngineTracer:
 
     def handles_for(self, request_ids: Iterable[str]) -> list[RequestHandle]:
         """The open records of *request_ids*, in order; an id the tracker never saw is logged
-        once and skipped. The lookups run in C (``map``): this runs twice per engine step."""
+        once and skipped. The lookups run in C (``map``)."""
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
             request_ids = list(request_ids)  # a generator: read once, used twice on the slow path
         found = list(map(self.tracker._open.get, request_ids))
-        if None not in found:
-            return cast("list[RequestHandle]", found)
+        if all(found):
+            return found  # type: ignore[return-value]  # no None in it
         known = []
         for request_id, handle in zip(request_ids, found, strict=True):
             if handle is None:

@@ -122,7 +122,7 @@ class ReferenceEngine:
         logits = self._forward(plan.batch)
         step.mark("sample")
         tokens = self._sample(plan.batch, logits)
-        step.tokens(ids)
+        step.tokens()  # one token for every request in the batch
         step.mark("postprocess")
         self._postprocess(plan.batch, tokens)
         self.engine.end_step(step)

@@ -131,15 +131,18 @@
     const engines = Object.entries(data.gpu_idle);
     if (!engines.length) { empty(c, "No llm.step / llm.forward spans: GPU idle needs the engine timeline."); return; }
     const t = h("table", {}, c);
-    const head = ["engine", "idle", "idle time", "sampled", "gaps", "with work waiting", "nothing to do", "host was in"];
+    const head = ["engine", "idle", "idle time", "sampled", "gaps", "with work waiting", "of it upstream",
+      "nothing to do", "host was in"];
     const hr = h("tr", {}, t);
-    head.forEach((k, i) => h("th", i && i < 7 ? { class: "num" } : {}, hr, k));
+    head.forEach((k, i) => h("th", i && i < 8 ? { class: "num" } : {}, hr, k));
     for (const [id, e] of engines) {
       const tr = h("tr", {}, t);
       const causes = Object.entries(e.by_cause_s).filter(kv => kv[1] > 0).sort((a, b) => b[1] - a[1])
         .map(([k, v]) => k + " " + pct(v / (e.total_s || 1))).join(", ");
+      // upstream_s: the engine held no request (work in the front end); absent in older summaries.
+      const upstream = e.upstream_s === undefined ? "–" : fmtS(e.upstream_s);
       [id, pct(e.ratio), fmtS(e.total_s), fmtS(e.covered_s), e.gaps.toLocaleString(), fmtS(e.with_work_waiting_s),
-        fmtS(e.nothing_to_do_s), causes].forEach((v, i) => h("td", i && i < 7 ? { class: "num" } : {}, tr, v));
+        upstream, fmtS(e.nothing_to_do_s), causes].forEach((v, i) => h("td", i && i < 8 ? { class: "num" } : {}, tr, v));
     }
   }
 
