@@ -125,7 +125,8 @@ def count_instructions(batch: int) -> None:
         try:
             per_step = (total(1500, style) - total(500, style)) / 1000
         except subprocess.CalledProcessError as exc:  # an older llmtrace on PYTHONPATH: no step.mark()
-            print(f"engine thread, batch {batch}, phases by {style}: failed ({exc.stderr.strip().splitlines()[-1]})")
+            errors = [line for line in exc.stderr.splitlines() if "Error" in line] or ["see valgrind's output"]
+            print(f"engine thread, batch {batch}, phases by {style}: failed ({errors[-1].strip()})")
             continue
         print(f"engine thread, batch {batch}, phases by {style}: {per_step / 1000:.1f}k instructions per step "
               "(traced loop, including the loop itself)")

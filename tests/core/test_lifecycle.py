@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from opentelemetry.trace import StatusCode
@@ -171,3 +172,19 @@ def test_llmtraces_own_cpu_time_is_a_metric(captured: Captured) -> None:
         handle.token(at_ns=5 * MS)
         handle.finished(at_ns=6 * MS)
     assert builder_cpu() > before
+
+
+def test_the_tracer_is_made_once_per_provider(runtime_with: Any) -> None:
+    """The tracer is cached for its provider; a new provider (a new runtime) gets its own,
+    and the request span goes to the new provider's exporter, not the old one's."""
+    from llmtrace import _runtime
+
+    first = runtime_with()
+    tracer = _runtime.tracer()
+    assert tracer is _runtime.tracer()
+    second = runtime_with()
+    assert _runtime.tracer() is not tracer
+    handle = start_request("after-switch", arrival_ns=0)
+    handle.finished(at_ns=MS)
+    assert ["after-switch"] == [s.attributes[semconv.LLM_REQUEST_ID] for s in second.named(semconv.SPAN_REQUEST)]
+    assert [] == first.named(semconv.SPAN_REQUEST)

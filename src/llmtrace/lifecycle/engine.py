@@ -16,7 +16,7 @@ A custom continuous-batching engine gets the whole engine trace with a few calls
         engine.end_step(step)
 
 In the tightest loops, ``step.mark("schedule")``, ``step.mark("forward")``, ... at the
-phase boundaries record the same phases at a quarter of the cost of ``with`` blocks.
+phase boundaries record the same phases for ~40% less engine-thread time than ``with`` blocks.
 
 The engine thread only takes timestamps and appends to lists (a few µs a step).
 Steps are grouped in windows (``engine_window_s`` or ``engine_window_steps``,
@@ -120,9 +120,8 @@ class StepRecord:
 
         The same phases as ``with step.phase(name):`` blocks, for the tightest engine loops:
         one plain call per phase instead of a ``with`` block's two calls into ``__enter__``
-        and ``__exit__``, about a quarter of the engine-thread cost per phase
-        (docs/performance.md). The phases are contiguous: work between two marks belongs
-        to the earlier one.
+        and ``__exit__``: ~2.7k instead of ~4.5k instructions per phase (docs/performance.md).
+        The phases are contiguous: work between two marks belongs to the earlier one.
         """
         now = monotonic_ns()
         if self._mark_name is not None:
