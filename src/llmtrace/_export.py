@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from llmtrace._gil import GilYield
 from llmtrace._otlp_json import encode_spans
 from llmtrace._safety import warn_once
 
@@ -88,7 +89,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
-            self._sink.write_line(encode_spans(spans))
+            self._sink.write_line(encode_spans(spans, GilYield().maybe))
         except OSError as exc:
             warn_once(f"file-export:{self._sink.path}", "llmtrace: cannot write %s: %s", self._sink.path, exc)
             return SpanExportResult.FAILURE

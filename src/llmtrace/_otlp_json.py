@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote  # the C string encoder json.dumps uses
 from typing import Any
 
@@ -114,10 +114,16 @@ def _span(span: ReadableSpan) -> str:
     return text + "}"
 
 
-def encode_spans(spans: Sequence[ReadableSpan]) -> str:
-    """An ``ExportTraceServiceRequest`` for *spans*, grouped by resource and scope, as one JSON line."""
+def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None = None) -> str:
+    """An ``ExportTraceServiceRequest`` for *spans*, grouped by resource and scope, as one JSON line.
+
+    *pause*, when given, is called between spans (an export thread passes
+    :meth:`llmtrace._gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
+    the GIL for tens of milliseconds)."""
     resources: dict[int, tuple[Any, dict[tuple[str, str | None], list[str]]]] = {}
     for span in spans:
+        if pause is not None:
+            pause()
         resource_entry = resources.setdefault(id(span.resource), (span.resource, {}))
         scope = span.instrumentation_scope
         key = (scope.name, scope.version) if scope is not None else ("", None)

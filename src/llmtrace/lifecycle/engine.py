@@ -44,6 +44,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from llmtrace import _runtime, semconv
+from llmtrace._gil import GilYield
 from llmtrace._gpu_hook import energy_available
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
@@ -395,7 +396,9 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
     if root is None:
         return
     root_ctx = root.get_span_context()
+    pause = GilYield().maybe  # a window is tens of ms of work: let the engine thread in meanwhile
     for step in window.steps:
+        pause()
         attrs = _step_attributes(engine_id, step)
         attrs.update(span_attributes_for(step.start_ns, step.end_ns))
         span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns), attrs, _links(step, max_links))
