@@ -101,9 +101,11 @@ def engine_window(
     first_step_id: int = 0,
     trace: str | None = None,
     step_attrs: dict[str, Any] | None = None,
+    per_step_attrs: list[dict[str, Any]] | None = None,
     gc: list[tuple[float, float]] | None = None,
 ) -> list[Span]:
-    """One ``llm.engine`` window. Each step is (start, schedule_end, forward_end, postprocess_end) in ms."""
+    """One ``llm.engine`` window. Each step is (start, schedule_end, forward_end, postprocess_end) in ms;
+    ``step_attrs`` go on every step, ``per_step_attrs[i]`` on step i."""
     trace = trace or f"{next(_ids):032x}"
     root = span(sc.SPAN_ENGINE, steps[0][0], steps[-1][3], trace=trace, attrs={sc.LLM_ENGINE_ID: engine})
     out = [root]
@@ -120,6 +122,7 @@ def engine_window(
                 sc.LLM_QUEUE_WAITING: 0,
                 sc.LLM_QUEUE_RUNNING: 1,
                 **(step_attrs or {}),
+                **(per_step_attrs[i] if per_step_attrs else {}),
             },
         )
         out += [

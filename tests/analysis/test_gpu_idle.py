@@ -79,6 +79,23 @@ def test_no_upstream_claim_without_engine_phases() -> None:
     assert 0 == e.upstream_ns
 
 
+def test_a_lone_request_finishing_then_another_arriving_leaves_a_quiet_gap() -> None:
+    """One request runs in step 0 and finishes; the next arrives and runs in step 1, 40 ms later.
+    Both steps say running=1, but no request stayed in the engine across the gap: with no
+    request traces saying otherwise, the gap is 'nothing to do' (a quiet server, not lost
+    throughput). The same request on both sides makes it 'with work waiting'."""
+    steps = [(0.0, 1.0, 9.0, 10.0), (50.0, 51.0, 59.0, 60.0)]
+    two = engine_window("dp0", steps, per_step_attrs=[{sc.LLM_BATCH_REQUEST_IDS: ["a"]},
+                                                      {sc.LLM_BATCH_REQUEST_IDS: ["b"]}])
+    e = _idle(two)
+    assert 44_000_000 == e.idle_ns
+    assert 4_000_000 == e.with_work_waiting_ns  # only the idle inside the two (non-empty) steps
+    assert 40_000_000 == e.nothing_to_do_ns
+    same = engine_window("dp0", steps, per_step_attrs=[{sc.LLM_BATCH_REQUEST_IDS: ["a"]},
+                                                       {sc.LLM_BATCH_REQUEST_IDS: ["a"]}])
+    assert 44_000_000 == _idle(same).with_work_waiting_ns  # the 10-50 ms stretch too
+
+
 def test_step_attributes_mark_work_waiting_without_request_traces() -> None:
     """Requests sampled out: a step leaving requests waiting makes the following gap 'with work'."""
     steps = [(0.0, 1.0, 9.0, 10.0), (20.0, 21.0, 29.0, 30.0)]

@@ -186,15 +186,49 @@ def _with_step_evidence(engine: EngineView, out: list[Interval]) -> list[Interva
 
 
 def _step_evidence(steps: Sequence[StepView]) -> Iterator[Interval]:
-    """Work intervals from step attributes, in start order when steps do not overlap."""
+    """Work intervals from step attributes, in start order when steps do not overlap.
+
+    The stretch between two steps held work when the first left requests waiting, or when a
+    request of its batch is in the next one too (it stayed in the engine across the gap).
+    ``llm.queue.running`` on both sides is not enough: it is counted when the step is
+    scheduled, so it includes the request that finishes in that step — a lone request
+    finishing and the next one arriving half a second later would make the quiet time
+    between them look like work. Only steps without request ids (no
+    ``llm.batch.request_ids``, no links) fall back to that count.
+    """
     prev: StepView | None = None
     for st in steps:
         step = st.step
-        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0)):
+        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0
+                                                      and _continued(prev, st))):
             yield prev.step.end_ns, step.start_ns
         if st.batch_size > 0:
             yield step.start_ns, step.end_ns
         prev = st
+
+
+def _continued(prev: StepView, cur: StepView) -> bool:
+    """Whether a request of *prev*'s batch is also in *cur*'s (unknowable without ids: assume so)."""
+    a, b = _batch_ids(prev), _batch_ids(cur)
+    if a is None or b is None:
+        return True
+    if not a.isdisjoint(b):
+        return True
+    # Both lists are capped (the attribute at 64 ids, links at max_links): a request beyond
+    # both caps may still have continued.
+    return len(a) >= _CAPPED and len(b) >= _CAPPED
+
+
+_CAPPED = 64
+
+
+def _batch_ids(st: StepView) -> set[str] | None:
+    ids = st.step.attributes.get(sc.LLM_BATCH_REQUEST_IDS)
+    if isinstance(ids, list | tuple) and ids:
+        return {str(i) for i in ids}
+    if st.step.links:
+        return {link.span_id for link in st.step.links}
+    return None
 
 
 #: Disjoint host segments, sorted: starts, ends, cause indexes into :data:`CAUSES`.
