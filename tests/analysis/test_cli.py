@@ -71,6 +71,20 @@ def test_compare_same_run_passes_and_slower_run_fails(
     assert e2e["regression"] and e2e["p_value"] < 0.05
 
 
+def test_compare_reads_a_summary_saved_again_with_sorted_keys(
+    sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A summary re-saved by another tool (sorted keys, indented: "schema" far from the start)
+    is still a summary, not a trace file."""
+    base = tmp_path / "base.json"
+    assert 0 == main(["analyze", str(sim), "--json", str(base), "-q"])
+    resorted = tmp_path / "resorted.json"
+    resorted.write_text(json.dumps(json.loads(base.read_text()), indent=1, sort_keys=True))
+    assert resorted.read_text().find('"schema"') > 4096 + 256  # beyond what the quick look reads
+    assert 0 == main(["compare", str(resorted), str(base)])
+    assert "no regression" in capsys.readouterr().out
+
+
 def test_compare_rejects_a_summary_of_another_schema_version(
     sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -30,14 +30,32 @@ def _as_summary(spec: str, args: argparse.Namespace) -> dict[str, Any]:
     ):
         with open(spec, "rb") as fh:
             head = fh.read(256)
-            if head[:2] != b"\x1f\x8b" and SCHEMA.encode() in head + fh.read(4096):
-                fh.seek(0)
-                try:
-                    doc = loads(fh.read())
-                except DecodeErrors as exc:
-                    raise SourceError(spec, f"malformed JSON summary: {exc}") from None
-                return dict(check_summary(doc, spec))
+            if head[:2] != b"\x1f\x8b":
+                data = head + fh.read(4096)
+                if SCHEMA.encode() in data:  # our writer puts "schema" first
+                    fh.seek(0)
+                    try:
+                        doc = loads(fh.read())
+                    except DecodeErrors as exc:
+                        raise SourceError(spec, f"malformed JSON summary: {exc}") from None
+                    return dict(check_summary(doc, spec))
+                if data.lstrip()[:1] == b"{" and (summary := _resorted_summary(data + fh.read(), spec)) is not None:
+                    return summary
     return to_json(load_and_analyze([spec], args, quiet=args.quiet))
+
+
+def _resorted_summary(data: bytes, spec: str) -> dict[str, Any] | None:
+    """A summary re-saved with sorted keys (``jq -S``, ``json.dumps(sort_keys=True)``) has its
+    "schema" near the end; anything else that is not one is left to the trace readers."""
+    if SCHEMA.encode() not in data:
+        return None
+    try:
+        doc = loads(data)
+    except DecodeErrors:
+        return None  # e.g. JSON lines: a trace file
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None
+    return dict(check_summary(doc, spec))
 
 
 def run_compare(args: argparse.Namespace) -> int:
