@@ -109,9 +109,25 @@ def _span(span: ReadableSpan) -> str:
             for e in span.events) + "]"
     if span.links:
         text += ',"links":[' + ",".join(
-            f'{{"traceId":"{link.context.trace_id:032x}","spanId":"{link.context.span_id:016x}",'
-            f'"attributes":{attributes(link.attributes)}}}' for link in span.links) + "]"
+            _link_ids(link.context) + attributes(link.attributes) + "}" for link in span.links) + "]"
     return text + "}"
+
+
+#: Encoded link targets: a request is linked from every step it is in (hundreds of times),
+#: and formatting its two ids as hex is a third of a link's cost.
+_MAX_CACHED_LINKS = 8192
+_link_prefix: dict[tuple[int, int], str] = {}
+
+
+def _link_ids(ctx: Any) -> str:
+    key = (ctx.trace_id, ctx.span_id)
+    prefix = _link_prefix.get(key)
+    if prefix is None:
+        prefix = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","attributes":'
+        if len(_link_prefix) >= _MAX_CACHED_LINKS:
+            _link_prefix.clear()  # old requests' links; the live ones come back on their next step
+        _link_prefix[key] = prefix
+    return prefix
 
 
 def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None = None) -> str:
