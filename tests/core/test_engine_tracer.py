@@ -266,6 +266,8 @@ def test_output_tokens_count_events_and_multi_token_events(runtime_with: object)
     _run_steps(engine, ["a"], 3)
     handle.token(4)  # a speculative-decoding step that accepted four tokens
     assert 7 == handle.output_tokens
+    handle.output_tokens = 8  # an adapter setting the count directly, as before it was derived
+    assert 8 == handle.output_tokens
     handle.finished("length", output_tokens=9)
     assert 9 == handle.output_tokens
 

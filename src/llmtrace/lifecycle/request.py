@@ -180,6 +180,10 @@ class RequestHandle:
             return self._reported_tokens
         return len(self.token_ns) + self._extra_tokens
 
+    @output_tokens.setter
+    def output_tokens(self, count: int) -> None:  # an adapter that knows the exact count says so
+        self._reported_tokens = count
+
     def detokenized(self, duration_ns: int) -> None:
         """Time spent turning output tokens into text (incremental or final)."""
         self.detokenize_ns += duration_ns
