@@ -17,7 +17,7 @@ P99_LIMIT_S = 0.05  # one request = five spans; creating them must never wait on
 SHUTDOWN_TIMEOUT_S = 3.0
 
 
-@pytest.fixture(scope="module", params=["grpc", "http/protobuf"])
+@pytest.fixture(scope="module", params=["grpc", "http/protobuf", "http/json"])
 def dead_run(request: pytest.FixtureRequest) -> AppRun:
     """Five seconds of requests against a port nobody listens on, then shutdown(timeout_s=3)."""
     return run_app("dead", {

@@ -1,5 +1,5 @@
-"""End to end: an app calls ``llmtrace.instrument()``, spans go over OTLP (gRPC and HTTP)
-through the shipped collector config into Jaeger, and come back through ``/api/v3/traces``.
+"""End to end: an app calls ``llmtrace.instrument()``, spans go over OTLP (gRPC, HTTP protobuf and
+HTTP JSON) through the shipped collector config into Jaeger, and come back through ``/api/v3/traces``.
 
 The stack is real (tests/stack): the Jaeger v2 binary built from the Go module proxy,
 running collector/otel-collector.yaml and collector/jaeger.yaml on free loopback ports.
@@ -19,7 +19,8 @@ from tests.stack.stack import OtelStack, by_trace
 
 pytestmark = pytest.mark.stack
 
-PROTOCOLS = {"grpc": "otlp_grpc_endpoint", "http/protobuf": "otlp_http_endpoint"}
+PROTOCOLS = {"grpc": "otlp_grpc_endpoint", "http/protobuf": "otlp_http_endpoint",
+             "http/json": "otlp_http_endpoint"}
 
 
 def _app_env(stack: OtelStack, service: str, protocol: str = "grpc") -> dict[str, str]:
@@ -99,11 +100,13 @@ def test_tail_sampling_keeps_errors_slow_and_high_ttft_and_drops_most_fast_trace
     assert set(sent["engine"]) <= set(kept)
 
 
-def test_serving_metrics_reach_prometheus_under_dashboard_names(otel_stack: OtelStack) -> None:
+@pytest.mark.parametrize("protocol", ["grpc", "http/json"])
+def test_serving_metrics_reach_prometheus_under_dashboard_names(otel_stack: OtelStack, protocol: str) -> None:
     """Metrics recorded by llmtrace's lifecycle API come out of the collector's Prometheus exporter
-    under the names the Grafana dashboard queries; span metrics (spanmetrics connector) too."""
+    under the names the Grafana dashboard queries; span metrics (spanmetrics connector) too —
+    also when they travel as OTLP/HTTP JSON (llmtrace's own exporter)."""
     service = _service("e2e-metrics")
-    run_app("lifecycle", _app_env(otel_stack, service))
+    run_app("lifecycle", _app_env(otel_stack, service, protocol))
     otel_stack.find_traces(service, semconv.SPAN_ENGINE)
     expected = {
         "gen_ai_server_time_to_first_token_seconds_bucket",

@@ -102,6 +102,84 @@ class JsonLinesSpanExporter(SpanExporter):
         return True
 
 
+class _JsonPoster:
+    """POSTs OTLP/JSON documents to one OTLP/HTTP endpoint (``http/json`` in the OTLP spec).
+
+    Retries what the OTLP spec calls retryable (connection errors, 429, 502, 503, 504) with
+    exponential backoff inside the export timeout; ``shutdown()`` ends a wait at once.
+    """
+
+    RETRYABLE = frozenset((429, 502, 503, 504))
+
+    def __init__(self, endpoint: str, headers: dict[str, str] | None, timeout_s: float) -> None:
+        import requests
+
+        self._requests = requests
+        self._session = requests.Session()
+        self._session.headers.update({"Content-Type": "application/json", **(headers or {})})
+        self._endpoint = endpoint
+        self._timeout_s = timeout_s
+        self._stopped = threading.Event()
+
+    def post(self, body: bytes) -> bool:
+        deadline = time.monotonic() + self._timeout_s
+        delay = 0.25
+        while not self._stopped.is_set():
+            try:
+                response = self._session.post(self._endpoint, data=body,
+                                              timeout=max(0.1, deadline - time.monotonic()))
+                if 200 <= response.status_code < 300:
+                    return True
+                retry = response.status_code in self.RETRYABLE
+            except self._requests.exceptions.RequestException:  # refused, reset, timed out
+                retry = True
+            if not retry or time.monotonic() + delay >= deadline or self._stopped.wait(delay):
+                return False
+            delay *= 2
+        return False
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._session.close()
+
+
+class OtlpHttpJsonSpanExporter(SpanExporter):
+    """OTLP/HTTP with JSON bodies: the file exporter's encoder (about twice as cheap per span
+    as the SDK's protobuf messages, and it hands the GIL back as it goes) on the wire."""
+
+    def __init__(self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> None:
+        self._poster = _JsonPoster(endpoint, headers, timeout_s)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        body = encode_spans(spans, GilYield().maybe).encode()
+        return SpanExportResult.SUCCESS if self._poster.post(body) else SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        self._poster.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class OtlpHttpJsonMetricExporter(MetricExporter):
+    """Metrics over OTLP/HTTP with JSON bodies (``resourceMetrics``, ids in hex)."""
+
+    def __init__(self, endpoint: str, headers: dict[str, str] | None = None, timeout_s: float = 5.0) -> None:
+        super().__init__()
+        self._poster = _JsonPoster(endpoint, headers, timeout_s)
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        document = _hex_ids(MessageToDict(encode_metrics(metrics_data), use_integers_for_enums=True))
+        ok = self._poster.post(json.dumps(document, separators=(",", ":")).encode())
+        return MetricExportResult.SUCCESS if ok else MetricExportResult.FAILURE
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._poster.shutdown()
+
+
 class JsonLinesMetricExporter(MetricExporter):
     """Writes metric batches as OTLP/JSON lines (``resourceMetrics``)."""
 

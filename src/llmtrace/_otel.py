@@ -39,6 +39,8 @@ from llmtrace._export import (
     ExportStats,
     JsonLinesMetricExporter,
     JsonLinesSpanExporter,
+    OtlpHttpJsonMetricExporter,
+    OtlpHttpJsonSpanExporter,
     open_sink,
 )
 from llmtrace._version import __version__
@@ -89,7 +91,7 @@ def _otlp_endpoint(settings: Settings, signal: str) -> str | None:
     endpoint = settings.endpoint
     if endpoint is None:
         return None
-    if settings.protocol == "http/protobuf" and not endpoint.rstrip("/").endswith(f"/v1/{signal}"):
+    if settings.protocol.startswith("http/") and not endpoint.rstrip("/").endswith(f"/v1/{signal}"):
         return endpoint.rstrip("/") + f"/v1/{signal}"
     return endpoint
 
@@ -106,6 +108,8 @@ def _span_exporter(settings: Settings, kind: str) -> tuple[SpanExporter, str]:
 
         insecure = endpoint is not None and endpoint.startswith("http://")
         return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5), endpoint or "otlp"
+    if settings.protocol == "http/json" and endpoint is not None:
+        return OtlpHttpJsonSpanExporter(endpoint, headers, timeout_s=5), endpoint
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
     return Http(endpoint=endpoint, headers=headers, timeout=5), endpoint or "otlp"
@@ -123,6 +127,8 @@ def _metric_exporter(settings: Settings, kind: str) -> MetricExporter:
 
         insecure = endpoint is not None and endpoint.startswith("http://")
         return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5)
+    if settings.protocol == "http/json" and endpoint is not None:
+        return OtlpHttpJsonMetricExporter(endpoint, headers, timeout_s=5)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
     return Http(endpoint=endpoint, headers=headers, timeout=5)

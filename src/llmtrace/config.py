@@ -26,14 +26,14 @@ from typing import Any, Literal
 from llmtrace.errors import ConfigError
 
 ENV_PREFIX = "LLMTRACE_"
-PROTOCOLS = ("grpc", "http/protobuf")
+PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 GPU_MODES = ("auto", "on", "off")
 #: Every integration llmtrace knows; each is enabled by default when its library is importable.
 KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "aiohttp", "grpc", "vllm")
 #: Written in the working directory when no endpoint is configured: the embedded default.
 DEFAULT_FILE_PATH = "llmtrace-traces.jsonl"
 
-Protocol = Literal["grpc", "http/protobuf"]
+Protocol = Literal["grpc", "http/protobuf", "http/json"]
 GpuMode = Literal["auto", "on", "off"]
 
 
@@ -138,7 +138,9 @@ OPTIONS: tuple[Option, ...] = (
            "OTLP endpoint, e.g. `http://collector:4317` (grpc) or `http://collector:4318` (http). "
            "When unset and no exporter is chosen, spans go to the embedded default file.",
            "OTEL_EXPORTER_OTLP_ENDPOINT"),
-    Option("protocol", _choice(*PROTOCOLS), "grpc", "OTLP protocol: `grpc` or `http/protobuf`.",
+    Option("protocol", _choice(*PROTOCOLS), "grpc",
+           "OTLP protocol: `grpc`, `http/protobuf`, or `http/json` (llmtrace's own encoder: the "
+           "cheapest on the exporting process's CPU).",
            "OTEL_EXPORTER_OTLP_PROTOCOL"),
     Option("headers", _headers, {}, "Headers sent with every OTLP export, `k1=v1,k2=v2`.",
            "OTEL_EXPORTER_OTLP_HEADERS"),
