@@ -87,12 +87,20 @@ def _host_provider(current: Any, sdk_type: type) -> Any | None:
     return current if isinstance(current, sdk_type) else None
 
 
+_DEFAULT_HTTP_ENDPOINT = "http://localhost:4318"
+
+
 def _otlp_endpoint(settings: Settings, signal: str) -> str | None:
     endpoint = settings.endpoint
     if endpoint is None:
         return None
-    if settings.protocol.startswith("http/") and not endpoint.rstrip("/").endswith(f"/v1/{signal}"):
-        return endpoint.rstrip("/") + f"/v1/{signal}"
+    if settings.protocol.startswith("http/"):
+        # The base URL gets the signal's path; a URL already naming one signal's path (a user
+        # pasting their traces URL) is rebased, so metrics do not go to ".../v1/traces/v1/metrics".
+        base = endpoint.rstrip("/")
+        for known in ("/v1/traces", "/v1/metrics"):
+            base = base.removesuffix(known)
+        return base + f"/v1/{signal}"
     return endpoint
 
 
@@ -108,7 +116,8 @@ def _span_exporter(settings: Settings, kind: str) -> tuple[SpanExporter, str]:
 
         insecure = endpoint is not None and endpoint.startswith("http://")
         return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5), endpoint or "otlp"
-    if settings.protocol == "http/json" and endpoint is not None:
+    if settings.protocol == "http/json":
+        endpoint = endpoint or _DEFAULT_HTTP_ENDPOINT + "/v1/traces"  # the OTLP spec's default
         return OtlpHttpJsonSpanExporter(endpoint, headers, timeout_s=5), endpoint
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
 
@@ -127,8 +136,8 @@ def _metric_exporter(settings: Settings, kind: str) -> MetricExporter:
 
         insecure = endpoint is not None and endpoint.startswith("http://")
         return Grpc(endpoint=endpoint, headers=headers, insecure=insecure or None, timeout=5)
-    if settings.protocol == "http/json" and endpoint is not None:
-        return OtlpHttpJsonMetricExporter(endpoint, headers, timeout_s=5)
+    if settings.protocol == "http/json":
+        return OtlpHttpJsonMetricExporter(endpoint or _DEFAULT_HTTP_ENDPOINT + "/v1/metrics", headers, timeout_s=5)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as Http
 
     return Http(endpoint=endpoint, headers=headers, timeout=5)

@@ -78,3 +78,22 @@ def test_a_retryable_answer_is_retried_and_a_client_error_is_not(collector: _Col
     assert SpanExportResult.FAILURE == exporter.export(_spans())
     assert 3 == len(collector.received)
     exporter.shutdown()
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    (None, "http://localhost:4318/v1/traces"),  # the OTLP spec's default for HTTP
+    ("http://collector:4318", "http://collector:4318/v1/traces"),
+    ("http://collector:4318/v1/traces", "http://collector:4318/v1/traces"),
+])
+def test_http_json_endpoints_follow_the_otlp_http_rules(endpoint: str | None, expected: str) -> None:
+    from llmtrace._otel import _metric_exporter, _span_exporter
+    from llmtrace.config import resolve
+
+    settings = resolve({"exporter": "otlp", "protocol": "http/json", "endpoint": endpoint, "gpu": "off"}, environ={})
+    exporter, target = _span_exporter(settings, "otlp")
+    assert isinstance(exporter, OtlpHttpJsonSpanExporter)
+    assert expected == target
+    metrics = _metric_exporter(settings, "otlp")
+    assert expected.replace("/v1/traces", "/v1/metrics") == metrics._poster._endpoint  # type: ignore[attr-defined]
+    exporter.shutdown()
+    metrics.shutdown()
