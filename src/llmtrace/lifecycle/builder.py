@@ -64,8 +64,8 @@ class SpanBuilder:
             except Exception as exc:  # noqa: BLE001 - one bad record must not stop the service
                 record_error("span-builder", exc)
             self.cpu_s += time.thread_time() - cpu_start
-            # Hand the GIL to a serving thread that wants it now, rather than after CPython's
-            # 5 ms switch interval: jobs run back to back when records pile up.
+            # Give a serving thread that waits for the GIL its chance now rather than after
+            # CPython's 5 ms switch interval: jobs run back to back when records pile up.
             time.sleep(0)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
