@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import le, lt
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis.intervals import Interval, merge
@@ -137,22 +137,25 @@ def _join_windows(windows: Sequence[WindowView]) -> list[Interval]:
     return out
 
 
-def work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[Interval]:
-    """When work was waiting: requests in flight, plus what step attributes reveal.
+def work_intervals(engine: EngineView, requests: Sequence[RequestView],
+                   step_runs: list[Interval] | None = None) -> list[Interval]:
+    """When work was waiting: requests in flight, plus what step attributes reveal
+    (:func:`step_runs`; pass them when already computed).
 
-    A step with a non-empty batch had work during the whole step; the stretch between two
-    steps had work when the first left requests waiting, or requests were running on both
-    sides of it. Request intervals are added where request traces were kept — they are
-    exact, but sampled, which is why the step attributes are always used too.
+    Request intervals are added where request traces were kept — they are exact, but
+    sampled, which is why the step attributes are always used too.
     """
-    return _with_step_evidence(engine, [(r.request.start_ns, r.request.end_ns) for r in requests])
+    runs = step_runs if step_runs is not None else _step_runs(engine.steps)
+    return [(r.request.start_ns, r.request.end_ns) for r in requests] + runs
 
 
-def engine_work_intervals(engine: EngineView, requests: Sequence[RequestView]) -> list[Interval]:
+def engine_work_intervals(engine: EngineView, requests: Sequence[RequestView],
+                          step_runs: list[Interval] | None = None) -> list[Interval]:
     """When the engine itself held work: step attributes, and each request from the start of
     its first engine phase to the end of its last (the whole request when it has no phases:
     no claim about upstream without evidence)."""
-    return _with_step_evidence(engine, [_engine_held(r) for r in requests])
+    runs = step_runs if step_runs is not None else _step_runs(engine.steps)
+    return [_engine_held(r) for r in requests] + runs
 
 
 _ENGINE_PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE)  # not llm.tokenize: the front end's
@@ -165,12 +168,13 @@ def _engine_held(request: RequestView) -> Interval:
     return min(s.start_ns for s in phases), max(s.end_ns for s in phases)
 
 
-def _with_step_evidence(engine: EngineView, out: list[Interval]) -> list[Interval]:
-    """*out* plus the step evidence, which comes joined into runs as it streams (the union is
-    the same; a busy engine has few runs, so :func:`merge` has little left to sort and join)."""
+def _step_runs(steps: Sequence[StepView]) -> list[Interval]:
+    """The step evidence, joined into runs as it streams (the union is the same; a busy
+    engine has few runs, so :func:`merge` has little left to sort and join)."""
+    out: list[Interval] = []
     lo = hi = 0
     joining = False
-    for s, e in _step_evidence(engine.steps):
+    for s, e in _step_evidence(steps):
         if e <= s:
             continue  # empty: merge() would drop it
         if joining and s <= hi and e >= lo:
@@ -188,46 +192,46 @@ def _with_step_evidence(engine: EngineView, out: list[Interval]) -> list[Interva
 def _step_evidence(steps: Sequence[StepView]) -> Iterator[Interval]:
     """Work intervals from step attributes, in start order when steps do not overlap.
 
-    The stretch between two steps held work when the first left requests waiting, or when a
-    request of its batch is in the next one too (it stayed in the engine across the gap).
-    ``llm.queue.running`` on both sides is not enough: it is counted when the step is
-    scheduled, so it includes the request that finishes in that step — a lone request
-    finishing and the next one arriving half a second later would make the quiet time
-    between them look like work. Only steps without request ids (no
-    ``llm.batch.request_ids``, no links) fall back to that count.
+    A step with a non-empty batch had work during the whole step. The stretch between two
+    steps held work when the first left requests waiting, or when a request of its batch is
+    in the next one too (it stayed in the engine across the gap). ``llm.queue.running`` on
+    both sides is not enough: it is counted when the step is scheduled, so it includes the
+    request that finishes in that step — a lone request finishing and the next one arriving
+    half a second later would make the quiet time between them look like work. Only steps
+    without request ids (no ``llm.batch.request_ids``, no links) fall back to that count.
     """
     prev: StepView | None = None
+    prev_ids: Sequence[Any] | None = None
     for st in steps:
         step = st.step
-        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0
-                                                      and _continued(prev, st))):
+        ids = _NOT_READ
+        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0 and _continued(
+                prev_ids if prev_ids is not _NOT_READ else _batch_ids(prev), ids := _batch_ids(st)))):
             yield prev.step.end_ns, step.start_ns
         if st.batch_size > 0:
             yield step.start_ns, step.end_ns
-        prev = st
+        prev, prev_ids = st, ids
 
 
-def _continued(prev: StepView, cur: StepView) -> bool:
-    """Whether a request of *prev*'s batch is also in *cur*'s (unknowable without ids: assume so)."""
-    a, b = _batch_ids(prev), _batch_ids(cur)
-    if a is None or b is None:
-        return True
-    if not a.isdisjoint(b):
+def _continued(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
+    """Whether a request of batch *a* is also in batch *b* (unknowable without ids: assume so)."""
+    if a is None or b is None or a == b:  # equal batches: decode's steady state, compared in C
         return True
     # Both lists are capped (the attribute at 64 ids, links at max_links): a request beyond
     # both caps may still have continued.
-    return len(a) >= _CAPPED and len(b) >= _CAPPED
+    return not set(a).isdisjoint(b) or (len(a) >= _CAPPED and len(b) >= _CAPPED)
 
 
 _CAPPED = 64
+_NOT_READ: Any = object()  # a step whose ids the loop did not need
 
 
-def _batch_ids(st: StepView) -> set[str] | None:
+def _batch_ids(st: StepView) -> Sequence[Any] | None:
     ids = st.step.attributes.get(sc.LLM_BATCH_REQUEST_IDS)
     if isinstance(ids, list | tuple) and ids:
-        return {str(i) for i in ids}
+        return ids
     if st.step.links:
-        return {link.span_id for link in st.step.links}
+        return [link.span_id for link in st.step.links]
     return None
 
 
@@ -436,18 +440,20 @@ def iter_gaps(
     engine: EngineView,
     requests: Sequence[RequestView],
     tokenize: Sequence[Span],
+    step_runs: list[Interval] | None = None,
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
     segs = segments(engine)
     busy = _busy(engine)
     raw = _segment_gaps(segs, busy)
-    work = merge(work_intervals(engine, requests))
+    work = merge(work_intervals(engine, requests, step_runs))
     return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
 
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
     """Measure and classify the idle gaps of one engine."""
-    segs, found = iter_gaps(engine, requests, tokenize)
+    runs = _step_runs(engine.steps)  # once: both work measures use it
+    segs, found = iter_gaps(engine, requests, tokenize, runs)
     by_cause = dict.fromkeys(CAUSES, 0)
     with_work = 0
     for g in found:
@@ -457,7 +463,7 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     # Idle with the engine holding work, inside the gaps with work waiting (engine work is a
     # subset of all work: the step evidence is in both, and a request's engine phases lie
     # inside the request); what is left was waiting upstream.
-    engine_work = merge(engine_work_intervals(engine, requests))
+    engine_work = merge(engine_work_intervals(engine, requests, runs))
     engine_side = _overlap(merge([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns]), engine_work)
     durations = [g.end_ns - g.start_ns for g in found]
     idle = sum(durations)
