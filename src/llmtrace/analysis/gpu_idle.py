@@ -203,13 +203,16 @@ def _step_evidence(steps: Sequence[StepView]) -> Iterator[Interval]:
     prev: StepView | None = None
     prev_ids: Sequence[Any] | None = None
     for st in steps:
-        step = st.step
-        ids = _NOT_READ
-        if prev is not None and (prev.waiting > 0 or (prev.running > 0 and st.running > 0 and _continued(
-                prev_ids if prev_ids is not _NOT_READ else _batch_ids(prev), ids := _batch_ids(st)))):
-            yield prev.step.end_ns, step.start_ns
+        ids = _NOT_READ  # read only when needed, and then once per step
+        if prev is not None:
+            held = prev.waiting > 0
+            if not held and prev.running > 0 and st.running > 0:
+                ids = _batch_ids(st)
+                held = _continued(prev_ids if prev_ids is not _NOT_READ else _batch_ids(prev), ids)
+            if held:
+                yield prev.step.end_ns, st.step.start_ns
         if st.batch_size > 0:
-            yield step.start_ns, step.end_ns
+            yield st.step.start_ns, st.step.end_ns
         prev, prev_ids = st, ids
 
 
@@ -403,19 +406,24 @@ def _classify_all(
             split = (("other", b - a),) if b != a else ()
         while w < nw and work[w][1] <= a:
             w += 1
-        if w < nw and work[w][0] <= a and work[w][1] >= b:
-            ww = b - a  # merged work intervals: one covers the whole gap
-        else:
-            ww = 0
-            k = w
-            while k < nw and work[k][0] < b:
-                s, e = work[k]
-                ov = (e if e < b else b) - (s if s > a else a)
-                if ov > 0:
-                    ww += ov
-                k += 1
+        # Merged work intervals: usually one covers the whole gap.
+        ww = b - a if w < nw and work[w][0] <= a and work[w][1] >= b else _covered(a, b, work, w)
         out.append(_new_gap(Gap, (engine_id, a, b, split, ww)))
     return out
+
+
+def _covered(a: int, b: int, intervals: Sequence[Interval], k: int) -> int:
+    """How much of [a, b) the sorted, disjoint *intervals* cover, from index *k* on (the
+    first that ends after *a*)."""
+    covered = 0
+    n = len(intervals)
+    while k < n and intervals[k][0] < b:
+        s, e = intervals[k]
+        ov = (e if e < b else b) - (s if s > a else a)
+        if ov > 0:
+            covered += ov
+        k += 1
+    return covered
 
 
 _new_gap = tuple.__new__
@@ -428,11 +436,7 @@ def _overlap(gaps: Sequence[Interval], intervals: Sequence[Interval]) -> int:
     for a, b in gaps:
         while i < n and intervals[i][1] <= a:
             i += 1
-        k = i
-        while k < n and intervals[k][0] < b:
-            s, e = intervals[k]
-            total += (e if e < b else b) - (s if s > a else a)
-            k += 1
+        total += _covered(a, b, intervals, i)
     return total
 
 
@@ -464,7 +468,7 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     # subset of all work: the step evidence is in both, and a request's engine phases lie
     # inside the request); what is left was waiting upstream.
     engine_work = merge(engine_work_intervals(engine, requests, runs))
-    engine_side = _overlap(merge([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns]), engine_work)
+    engine_side = _overlap([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns], engine_work)  # sorted
     durations = [g.end_ns - g.start_ns for g in found]
     idle = sum(durations)
     covered = sum(b - a for a, b in segs)
