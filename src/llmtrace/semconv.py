@@ -42,6 +42,12 @@ GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+# vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
+# its phases as latency attributes, the token counts under the older GenAI names.
+VLLM_SPAN_REQUEST: Final = "llm_request"
+VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
+VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
+VLLM_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
 GEN_AI_PROMPT: Final = "gen_ai.prompt"  # only with capture_content=True

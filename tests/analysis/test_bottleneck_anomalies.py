@@ -94,3 +94,15 @@ def test_small_buckets_are_not_judged() -> None:
     """Fewer than MIN_BUCKET peers: no anomalies, however different."""
     spans = request_trace("a" * 32, 0, 1, 2, 3, 4) + request_trace("b" * 32, 0, 1, 200, 3, 4)
     assert [] == find_anomalies(build_traceset(spans).requests, {})
+
+
+def test_without_an_engine_timeline_engine_limits_are_unmeasured_not_absent() -> None:
+    """Requests only (vLLM's own tracing, a front end traced alone): the queue share alone can
+    name queueing, and 'none' says the engine was not observed instead of claiming headroom."""
+    blind = {**BASE, "busy_ratio": 0.0, "kv_usage_p90": 0.0, "mean_batch": 0.0, "engine_observed": False}
+    quiet = diagnose(Features(**blind))
+    assert Bottleneck.NONE == quiet.cls
+    assert "headroom" not in quiet.recommendation and "no engine timeline" in quiet.recommendation
+    assert Bottleneck.QUEUEING == diagnose(Features(**{**blind, "queue_share": 0.6})).cls
+    # With an engine observed idle half the time, the same queue share is not called queueing.
+    assert Bottleneck.QUEUEING != diagnose(Features(**{**BASE, "queue_share": 0.6})).cls

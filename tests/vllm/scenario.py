@@ -1,10 +1,12 @@
 """Runs the real vLLM ``LLM`` (API side + EngineCore process + Scheduler) with the fake executor.
 
-``python -m tests.vllm.scenario MODEL_DIR [--requests N] [--max-tokens N] [--blocks N] [--stop]``
+``python -m tests.vllm.scenario MODEL_DIR [--requests N] [--max-tokens N] [--blocks N] [--stop]
+[--otlp-traces-endpoint URL]``
 prints one JSON line with what vLLM returned. llmtrace is turned on the way a
 deployment turns it on: by the ``vllm.general_plugins`` entry point, when the
 caller exports ``LLMTRACE_VLLM=1`` (or by ``--instrument``, calling
-``llmtrace.instrument()`` in this process before vLLM is imported).
+``llmtrace.instrument()`` in this process before vLLM is imported). With
+``--otlp-traces-endpoint``, vLLM's *own* tracing exports its ``llm_request`` spans there.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=0, help="num_gpu_blocks_override (small -> preemption)")
     parser.add_argument("--stop", action="store_true", help="stop string = the fake token's text")
     parser.add_argument("--instrument", action="store_true", help="llmtrace.instrument() before importing vLLM")
+    parser.add_argument("--otlp-traces-endpoint", default=None, help="vLLM's own tracing (no llmtrace needed)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     if args.instrument:
@@ -34,7 +37,10 @@ def main() -> None:
     from tests.vllm.fake_executor import TOKEN_ID
     from vllm import LLM, SamplingParams
 
-    extra = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    extra: dict[str, object] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    if args.otlp_traces_endpoint:
+        extra["otlp_traces_endpoint"] = args.otlp_traces_endpoint
+        extra["disable_log_stats"] = False  # vLLM's request spans are built from its stats (on in `vllm serve`)
     llm = LLM(model=args.model, load_format="dummy", max_model_len=128, max_num_seqs=8, max_num_batched_tokens=64,
               enforce_eager=True, distributed_executor_backend="tests.vllm.fake_executor.FakeExecutor",
               block_size=16, **extra)

@@ -74,6 +74,10 @@ class Features:
     queue_growth: float
     network_share: float
     mean_batch: float
+    #: Whether the data holds an engine timeline (sampled ``llm.forward`` time): without one
+    #: (vLLM's own tracing, a front end traced alone) compute, KV-memory and host limits are
+    #: unmeasured, not absent.
+    engine_observed: bool = True
 
 
 def _clip(x: float) -> float:
@@ -89,7 +93,10 @@ def score(f: Features) -> dict[Bottleneck, float]:
             _clip((f.kv_usage_p90 - KV_HIGH) / (1 - KV_HIGH)) * (1.0 if f.queue_growth > 0 else 0.6),
         ),
         Bottleneck.HOST: _clip(f.idle_with_work_ratio / HOST_IDLE_FULL),
-        Bottleneck.QUEUEING: _clip(f.queue_share / QUEUE_FULL) * max(saturated, _clip(f.queue_growth)),
+        # Queueing needs a saturated engine or a growing queue behind it; with no engine timeline
+        # the requests' own queue share is the only evidence there is, and it is taken alone.
+        Bottleneck.QUEUEING: _clip(f.queue_share / QUEUE_FULL)
+        * (max(saturated, _clip(f.queue_growth)) if f.engine_observed else 1.0),
         Bottleneck.NETWORK: _clip(f.network_share / NETWORK_FULL),
     }
 
@@ -180,6 +187,16 @@ def _recommend(cls: Bottleneck, f: Features) -> str:
             f"{f.network_share:.0%} of latency is outside the engine (HTTP, streaming): check response "
             "streaming chunk sizes, proxies buffering SSE, and client read speed."
         )
+    return _recommend_none(f)
+
+
+def _recommend_none(f: Features) -> str:
+    if not f.engine_observed:
+        return (
+            f"no saturation visible in the requests (queueing {f.queue_share:.0%} of latency), but the data "
+            "holds no engine timeline (llm.step / llm.forward spans), so compute, KV-cache and scheduling "
+            "limits are unmeasured: trace the engine too (llmtrace.instrument(); for vLLM, LLMTRACE_VLLM=1)."
+        )
     return "no resource is saturated: the server has headroom at this load."
 
 
@@ -209,6 +226,7 @@ def features(
         queue_growth=_queue_growth(steps),
         network_share=network_share,
         mean_batch=(sum(s.batch_size for s in steps) / len(steps)) if steps else 0.0,
+        engine_observed=covered > 0,
     )
 
 

@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from llmtrace import semconv as sc
+from llmtrace.analysis import vllm_native
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.model import (
     EngineView,
@@ -39,7 +40,8 @@ _STEP = sc.SPAN_STEP
 _STEP_ID = sc.LLM_STEP_ID
 _HOST_STEP_CHILDREN = frozenset((sc.SPAN_SCHEDULE, sc.SPAN_SAMPLE, sc.SPAN_POSTPROCESS))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
-_IS_VIEW_SPAN = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE)).__contains__
+_IS_VIEW_SPAN = frozenset((sc.SPAN_REQUEST, sc.SPAN_STEP, sc.SPAN_ENGINE, sc.SPAN_GC, sc.SPAN_TOKENIZE,
+                           sc.VLLM_SPAN_REQUEST)).__contains__
 _NAME = attrgetter("name")
 _START = attrgetter("start_ns")
 _STEP_START = attrgetter("step.start_ns")
@@ -143,13 +145,19 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
     gcs: dict[str, list[Span]] = {}
     tokenize: list[Span] = []
     orphans = 0
-    for trace in traces:
+    for index, trace in enumerate(traces):
         orphans += len(trace.orphans)
         members = trace.spans
+        native_done = False
         for span in compress(members, map(_IS_VIEW_SPAN, map(_NAME, members))):
             name = span.name
             if name == sc.SPAN_REQUEST:
                 requests.append(_request_view(trace, span))
+            elif name == sc.VLLM_SPAN_REQUEST and not native_done:  # vLLM's own tracing
+                native_done = True  # all of this trace's llm_request spans are read at once
+                trace, views = _vllm_requests(trace)  # noqa: PLW2901
+                traces[index] = trace
+                requests += views
             elif name == sc.SPAN_STEP:
                 sv = _step_view(trace, span)
                 steps.setdefault(sv.engine_id, []).append(sv)
@@ -173,6 +181,15 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
     requests.sort(key=_REQUEST_START)
     tokenize.sort(key=_START)
     return TraceSet(tuple(traces), tuple(requests), engines, tuple(tokenize), tuple(notes))
+
+
+def _vllm_requests(trace: Trace) -> tuple[Trace, list[RequestView]]:
+    """vLLM's own ``llm_request`` spans as requests, in *trace* extended by their derived
+    phases (docs/analysis.md, "Sources"); none when llmtrace's ``llm.request`` is there."""
+    expanded = vllm_native.expand(trace)
+    if expanded is None:
+        return trace, []
+    return expanded, [_request_view(expanded, s) for s in expanded.spans if s.name == sc.VLLM_SPAN_REQUEST]
 
 
 def _request_view(trace: Trace, span: Span) -> RequestView:

@@ -190,6 +190,8 @@ class RequestView:
     @property
     def request_id(self) -> str:
         rid = self.request.attributes.get(sc.LLM_REQUEST_ID)
+        if rid is None:
+            rid = self.request.attributes.get(sc.VLLM_REQUEST_ID)
         return str(rid) if rid is not None else self.request.span_id
 
     @property
@@ -213,11 +215,15 @@ class RequestView:
     @property
     def input_tokens(self) -> int | None:
         n = self.num(sc.GEN_AI_USAGE_INPUT_TOKENS)
+        if n is None:  # vLLM's own tracing uses the older GenAI name
+            n = self.num(sc.VLLM_USAGE_PROMPT_TOKENS)
         return None if n is None else int(n)
 
     @property
     def output_tokens(self) -> int | None:
         n = self.num(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if n is None:
+            n = self.num(sc.VLLM_USAGE_COMPLETION_TOKENS)
         return None if n is None else int(n)
 
     def phase_s(self, name: str) -> float:
