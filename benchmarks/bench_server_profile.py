@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Where a traced reference server's CPU goes: llmtrace's share, measured by sampling.
+
+The throughput ratio of ``bench_reference_server.py`` swings ±10 % between rounds on a
+shared 2-core VM (batch sizes follow the CPU a server gets), far more than the 3 % and
+0.5 % budgets. This measures the cost from inside one traced run instead:
+
+* **py-spy** samples both server processes (front end and engine process, every thread)
+  while the load runs; a sample is *llmtrace's* when, walking from its innermost frame
+  outwards, an llmtrace (not ``llmtrace/server``, the reference server itself) or
+  OpenTelemetry frame comes before any frame of the application (torch, FastAPI,
+  starlette, uvicorn, the reference server, ...); standard-library frames belong to
+  whoever called them. So the OTel ASGI middleware's own work counts, the request
+  handler it wraps does not. This catches the hot-path costs on the serving threads that
+  the threads' self-measured CPU (``llmtrace.overhead_cpu_s()``) leaves out;
+* **per-thread CPU** from ``/proc`` (utime + stime) for the same interval.
+
+The implied throughput ratio of a CPU-bound server is ``1 - share``. Not in it: indirect
+costs (more garbage-collector work, cache pressure), which only an A/B run can see.
+
+    pip install py-spy    # a dev tool, not a dependency
+    python benchmarks/bench_server_profile.py [--arm full|production] [--requests 192] [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib.util
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_reference_server as ref  # the same servers and load
+
+_TELEMETRY = ("llmtrace", "opentelemetry", "wrapt")
+_STDLIB = frozenset(sys.stdlib_module_names) | {"<frozen runpy>", "<string>", "<module>"}
+
+
+#: Where the llmtrace the servers run lives (this tree, or another on PYTHONPATH for an A/B run).
+_SRC = Path(importlib.util.find_spec("llmtrace").origin or "").resolve().parents[1]  # type: ignore[union-attr]
+#: Source lines of llmtrace where the innermost *Python* frame is ours but the time is not
+#: our work: a GIL hand-off or an empty-queue wait (py-spy counts a thread that is runnable
+#: but not on a CPU as active), or a call into the wrapped function (C code, e.g. a Rust
+#: tokenizer, has no Python frame of its own).
+_WAIT_MARKERS = ("time.sleep(", ".wait(", "_queue.get(")
+_CALL_THROUGH_MARKERS = ("wrapped(*args, **kwargs)",)
+
+
+def _source_line(path: str, line: int) -> str:
+    try:
+        return (_SRC / path).read_text().splitlines()[line - 1]
+    except (OSError, IndexError):
+        return ""
+
+
+def classify(frame: str) -> str:
+    """'ours', 'wait', 'stdlib' or 'app' for one py-spy frame, ``func (path/to/file.py:LINE)``."""
+    location = frame.rsplit(" (", 1)[-1].rstrip(")")
+    path, _, line = location.rpartition(":")
+    top = path.split("/", 1)[0].removesuffix(".py")
+    if top == "llmtrace":
+        if path.startswith("llmtrace/server/"):
+            return "app"
+        text = _source_line(path, int(line)) if line.isdigit() else ""
+        if any(marker in text for marker in _WAIT_MARKERS):
+            return "wait"
+        return "app" if any(marker in text for marker in _CALL_THROUGH_MARKERS) else "ours"
+    if top in _TELEMETRY:
+        return "ours"
+    if top in _STDLIB or path.startswith("<frozen"):
+        return "stdlib"
+    return "app"
+
+
+def attribute(raw: Path) -> tuple[int, dict[str, int], dict[str, int], collections.Counter[str], int]:
+    """Total samples, samples per process, llmtrace's samples per process, llmtrace's by frame,
+    and samples of llmtrace's threads at a GIL hand-off or queue wait."""
+    total = waits = 0
+    per_process: dict[str, int] = collections.Counter()
+    ours: dict[str, int] = collections.Counter()
+    frames: collections.Counter[str] = collections.Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        parts = stack.split(";")
+        process = "engine" if sum(p.startswith("process ") for p in parts) > 1 else "front end"
+        total += n
+        per_process[process] += n
+        for frame in reversed([p for p in parts if not p.startswith("process ")]):
+            kind = classify(frame)
+            if kind == "wait":
+                waits += n
+                break
+            if kind == "ours":
+                ours[process] += n
+                frames[f"{process}: {frame}"] += n
+                break
+            if kind == "app":
+                break
+    return total, per_process, ours, frames, waits
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arm", choices=("full", "production"), default="full")
+    parser.add_argument("--requests", type=int, default=192)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    parser.add_argument("--top", type=int, default=15, help="llmtrace frames to list")
+    parser.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    parser.add_argument("--keep", default="", help="copy the raw profile here")
+    args = parser.parse_args()
+    spy = shutil.which("py-spy")
+    if spy is None:
+        print("py-spy is not installed: pip install py-spy", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ref.Server(args.arm, str(Path(tmp) / "traces.jsonl"))
+        raw = Path(tmp) / "profile.txt"
+        try:
+            asyncio.run(ref._load(server.url, args.concurrency, args.concurrency, 4))  # warm-up
+            time.sleep(1.5)
+            sampler = subprocess.Popen([spy, "record", "--format", "raw", "-o", str(raw), "-r", str(args.rate),
+                                        "--subprocesses", *(["--native"] if args.native else ["--nonblocking"]),
+                                        "-p", str(server.proc.pid)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            time.sleep(2.0)  # py-spy attaches to both processes
+            cpu_before = server.cpu()
+            started = time.perf_counter()
+            tokens = asyncio.run(ref._load(server.url, args.requests, args.concurrency, args.max_tokens))
+            elapsed = time.perf_counter() - started
+            time.sleep(1.5)  # the last windows close and export, on the server's CPU
+            cpu_after = server.cpu()
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+            sampler.wait(60)
+        finally:
+            server.close()
+        if not raw.exists():
+            print(f"py-spy wrote no profile: {sampler.stderr.read().decode() if sampler.stderr else ''}",
+                  file=sys.stderr)
+            return 1
+        if args.keep:
+            shutil.copy(raw, args.keep)
+        total, per_process, ours, frames, waits = attribute(raw)
+    cpu = cpu_after[0] - cpu_before[0]
+    share = sum(ours.values()) / total if total else 0.0
+    print(f"{args.arm}: {args.requests} streaming requests x {args.max_tokens} tokens, concurrency "
+          f"{args.concurrency}: {tokens} tokens in {elapsed:.1f} s; server CPU {cpu:.1f} s, of it llmtrace's "
+          f"threads (self-measured) {(cpu_after[1] - cpu_before[1]) / cpu:.2%}")
+    print(f"py-spy: {total} samples; llmtrace's (innermost non-stdlib frame is llmtrace/OTel): {share:.2%}"
+          f"  -> implied throughput ratio {1 - share:.3f}")
+    print(f"  not counted: {waits / total:.2%} of samples with llmtrace's threads at a GIL hand-off or an "
+          "empty-queue wait (runnable or blocked, not working)")
+    for process in sorted(per_process):
+        print(f"  {process:<9} {ours[process] / per_process[process]:6.2%} of its {per_process[process]} samples")
+    print(f"top {args.top} llmtrace frames (share of all samples):")
+    for frame, n in frames.most_common(args.top):
+        print(f"  {n / total:6.2%}  {frame}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
