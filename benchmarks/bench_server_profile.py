@@ -117,7 +117,6 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=15, help="llmtrace frames to list")
-    parser.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     parser.add_argument("--keep", default="", help="copy the raw profile here")
     args = parser.parse_args()
     spy = shutil.which("py-spy")
@@ -131,8 +130,7 @@ def main() -> int:
             asyncio.run(ref._load(server.url, args.concurrency, args.concurrency, 4))  # warm-up
             time.sleep(1.5)
             sampler = subprocess.Popen([spy, "record", "--format", "raw", "-o", str(raw), "-r", str(args.rate),
-                                        "--subprocesses", *(["--native"] if args.native else ["--nonblocking"]),
-                                        "-p", str(server.proc.pid)],
+                                        "--subprocesses", "--nonblocking", "-p", str(server.proc.pid)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(2.0)  # py-spy attaches to both processes
             cpu_before = server.cpu()
