@@ -18,9 +18,21 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 
-def run(steps: int, batch: int, traced: bool, marks: bool = False, report_builder: bool = False) -> tuple[float, float]:
+def _replace_oldest(engine: Any, ids: list[str], n: int) -> list[str]:
+    """The oldest request finishes and a new one arrives: the batch changes (both loops rebuild
+    the list; the traced one also ends and opens the records, as an engine does)."""
+    done, ids = ids[0], [*ids[1:], f"n{n}"]
+    if engine is not None:
+        engine.tracker.finished(done, "length")
+        engine.tracker.add(ids[-1])
+    return ids
+
+
+def run(steps: int, batch: int, traced: bool, marks: bool = False, report_builder: bool = False,
+        churn: int = 0) -> tuple[float, float]:
     import llmtrace
     from llmtrace.lifecycle.builder import BUILDER
 
@@ -32,7 +44,9 @@ def run(steps: int, batch: int, traced: bool, marks: bool = False, report_builde
     sink = 0
     cpu_start = time.thread_time()
     start = time.perf_counter()
-    for _ in range(steps):
+    for n in range(steps):
+        if churn and n % churn == churn - 1:
+            ids = _replace_oldest(engine, ids, n)
         if engine is None:
             sink += len(ids)
             continue
@@ -77,12 +91,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--churn", type=int, default=0, metavar="K",
+                        help="every K steps one request finishes and another joins (0: the same batch "
+                             "throughout). Continuous batching with outputs of L tokens at batch B changes "
+                             "the batch about every L/B steps")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per step under valgrind instead (stable on a noisy host; slow)")
     parser.add_argument("--loop-only", choices=("with", "mark"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.instructions:
-        count_instructions(args.batch)
+        count_instructions(args.batch, args.churn)
         return
     import llmtrace
 
@@ -91,20 +109,22 @@ def main() -> None:
     llmtrace.instrument(exporter="none", metrics=False, gpu="off", engine_window_steps=args.steps + 1,
                         engine_window_s=3600)
     if args.loop_only:  # one traced loop and nothing else, for count_instructions()
-        run(args.steps, args.batch, traced=True, marks=args.loop_only == "mark")
+        run(args.steps, args.batch, traced=True, marks=args.loop_only == "mark", churn=args.churn)
         os._exit(0)  # skip the interpreter's teardown: its instructions would not cancel out
     for style, marks in (("with step.phase()", False), ("step.mark()", True)):
         costs = []
         for i in range(args.repeat):
-            _, bare_cpu = run(args.steps, args.batch, traced=False)
-            _, cpu = run(args.steps, args.batch, traced=True, marks=marks, report_builder=i == 0 and not marks)
+            _, bare_cpu = run(args.steps, args.batch, traced=False, churn=args.churn)
+            _, cpu = run(args.steps, args.batch, traced=True, marks=marks, report_builder=i == 0 and not marks,
+                         churn=args.churn)
             costs.append(cpu - bare_cpu)
         costs.sort()
-        print(f"engine thread, batch {args.batch}, phases by {style}: {statistics.median(costs):.2f} µs CPU per "
+        print(f"engine thread, batch {args.batch}, churn {args.churn or 'none'}, phases by {style}: "
+              f"{statistics.median(costs):.2f} µs CPU per "
               f"step for tracing (budget 20 µs; median of {args.repeat}, range {costs[0]:.2f}-{costs[-1]:.2f})")
 
 
-def count_instructions(batch: int) -> None:
+def count_instructions(batch: int, churn: int) -> None:
     """Instructions per step: ``callgrind`` totals of runs of 1,500 and 500 traced steps,
     differenced (start-up cancels out) and divided by 1,000 — stable where CPU time is not."""
     import re
@@ -117,7 +137,8 @@ def count_instructions(batch: int) -> None:
 
     def total(steps: int, style: str) -> int:
         out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                              __file__, "--loop-only", style, "--steps", str(steps), "--batch", str(batch)],
+                              __file__, "--loop-only", style, "--steps", str(steps), "--batch", str(batch),
+                              "--churn", str(churn)],
                              capture_output=True, text=True, check=True).stderr
         return int(re.findall(r"Collected : (\d+)", out)[-1])
 
@@ -128,7 +149,8 @@ def count_instructions(batch: int) -> None:
             errors = [line for line in exc.stderr.splitlines() if "Error" in line] or ["see valgrind's output"]
             print(f"engine thread, batch {batch}, phases by {style}: failed ({errors[-1].strip()})")
             continue
-        print(f"engine thread, batch {batch}, phases by {style}: {per_step / 1000:.1f}k instructions per step "
+        print(f"engine thread, batch {batch}, churn {churn or 'none'}, phases by {style}: "
+              f"{per_step / 1000:.1f}k instructions per step "
               "(traced loop, including the loop itself)")
 
 

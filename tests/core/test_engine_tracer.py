@@ -283,3 +283,64 @@ def test_a_preempted_request_is_scheduled_again_by_the_next_step(runtime_with: o
     assert handle.queued_ns[1] <= handle.scheduled_ns[1]
     assert [0, 1, 2, 3] == handle.steps
     assert not handle.awaiting_schedule
+
+
+def _step(engine: EngineTracer, ids: list[str], tokens: list[str] | None = None, whole: bool = True) -> int:
+    step = engine.begin_step()
+    step.batch(ids)
+    if whole:
+        step.tokens()
+    elif tokens:
+        step.tokens(tokens)
+    engine.end_step(step)
+    return step.step_id
+
+
+def test_step_membership_follows_a_changing_batch(runtime_with: object) -> None:
+    """Known answers for each request's steps, token events and queue runs while the batch
+    changes: requests joining and leaving, a preemption (also one undone within a single
+    schedule, the batch unchanged), token events for part of a batch, and a request that
+    ended while the engine still lists it."""
+    engine = EngineTracer("dp14")
+    a, b, c = (engine.tracker.add(rid) for rid in "abc")
+    _step(engine, ["a", "b"])                      # 0: a and b start
+    _step(engine, ["a", "b"])                      # 1: the same batch
+    _step(engine, ["a", "b", "c"])                 # 2: c joins
+    _step(engine, ["a", "b", "c"], ["c"], whole=False)  # 3: only c produces a token
+    engine.tracker.preempted("b")                  # b waits again, the batch is unchanged
+    _step(engine, ["a", "c"])                      # 4
+    _step(engine, ["a", "b", "c"])                 # 5: b is back
+    assert [0, 1, 2, 3, 4, 5] == a.steps
+    assert [0, 1, 2, 3, 5] == b.steps
+    assert [2, 3, 4, 5] == c.steps
+    assert (5, 4, 4) == (len(a.token_ns), len(b.token_ns), len(c.token_ns))
+    assert a.token_ns == sorted(a.token_ns) and b.token_ns[-1] == a.token_ns[-1]
+    assert c.token_ns[1] not in a.token_ns  # step 3's token was c's alone
+    assert 2 == len(b.scheduled_ns) == len(b.queued_ns)
+    a.finished("stop")                             # ended elsewhere: the engine still lists it
+    _step(engine, ["a", "b", "c"])                 # 6: the same batch, a's record is closed
+    assert [0, 1, 2, 3, 4, 5] == a.steps and 5 == len(a.token_ns) == a.output_tokens
+    assert [0, 1, 2, 3, 5, 6] == b.steps and 5 == b.output_tokens
+    engine.tracker.preempted("b")                  # preempted and back in one schedule:
+    _step(engine, ["a", "b", "c"])                 # 7: the same batch, yet a new run for b
+    assert 3 == len(b.scheduled_ns) == len(b.queued_ns) and 7 == b.steps[-1]
+    summary = engine.tracker.finished("c", "length")
+    assert (2, 7, 5) == (summary["first_step"], summary["last_step"], summary["decode_steps"])
+
+
+def test_a_second_batch_call_in_one_step_adds_its_requests(runtime_with: object) -> None:
+    """batch() twice in a step (e.g. prefills and decodes reported apart): both sets are in
+    the step and get its token; the next step has only its own batch."""
+    engine = EngineTracer("dp15")
+    a, b = engine.tracker.add("a"), engine.tracker.add("b")
+    _step(engine, ["a"])
+    step = engine.begin_step()
+    step.batch(["a"])
+    step.batch(["b"])
+    step.tokens()
+    engine.end_step(step)
+    assert [a, b] == step.handles
+    assert ([0, 1], [1]) == (a.steps, b.steps)
+    assert (2, 1) == (len(a.token_ns), len(b.token_ns))
+    _step(engine, ["a"])
+    assert [0, 1, 2] == a.steps and 3 == len(a.token_ns)
