@@ -37,6 +37,7 @@ REGISTRY: tuple[IntegrationSpec, ...] = (
     IntegrationSpec("transformers", "transformers", "llmtrace.integrations.transformers"),
     IntegrationSpec("torch", "torch", "llmtrace.integrations.torch"),
     IntegrationSpec("fastapi", "fastapi", "llmtrace.integrations.fastapi"),
+    IntegrationSpec("starlette", "starlette.applications", "llmtrace.integrations.starlette"),
     IntegrationSpec("aiohttp", "aiohttp.web", "llmtrace.integrations.aiohttp"),
     IntegrationSpec("grpc", "grpc", "llmtrace.integrations.grpc"),
     IntegrationSpec("vllm", "vllm", "llmtrace.integrations.vllm"),

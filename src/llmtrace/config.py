@@ -29,7 +29,7 @@ ENV_PREFIX = "LLMTRACE_"
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 GPU_MODES = ("auto", "on", "off")
 #: Every integration llmtrace knows; each is enabled by default when its library is importable.
-KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "aiohttp", "grpc", "vllm")
+KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "starlette", "aiohttp", "grpc", "vllm")
 #: Written in the working directory when no endpoint is configured: the embedded default.
 DEFAULT_FILE_PATH = "llmtrace-traces.jsonl"
 

@@ -17,8 +17,8 @@ Attributes
     ends the call's open requests with ``llm.request.finish_reason=abort``.
 
 Starlette
-    A plain Starlette app wrapped in ``OpenTelemetryMiddleware`` gets the same
-    server scope (llmtrace hooks that middleware's constructor).
+    A plain Starlette app is the ``starlette`` integration's
+    (``llmtrace.integrations.starlette``): the same SERVER span and scope.
 
 Supported versions
     fastapi >= 0.110, opentelemetry-instrumentation-fastapi >= 0.51b0 (tested

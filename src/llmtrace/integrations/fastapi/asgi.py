@@ -34,12 +34,13 @@ def is_disconnect(error: BaseException) -> bool:
 class ScopeMiddleware:
     """ASGI middleware: one :class:`Exchange` per HTTP call."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, integration: str = INTEGRATION) -> None:
         self.app = app
+        self._integration = integration  # the integration that added it: off when that one is
         self._llmtrace_scope_middleware = True
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http" or INTEGRATION not in ENABLED:
+        if scope.get("type") != "http" or self._integration not in ENABLED:
             await self.app(scope, receive, send)
             return
         exchange = Exchange()

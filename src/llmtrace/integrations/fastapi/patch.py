@@ -47,24 +47,29 @@ def _build_middleware_stack_wrapper(wrapped: Any, instance: Any, args: tuple[Any
     return wrapped(*args, **kwargs)
 
 
-def _otel_middleware_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
-                                  kwargs: dict[str, Any]) -> Any:
-    changed = _with_scope_middleware(wrapped, args, kwargs)
-    if changed is None:
-        return wrapped(*args, **kwargs)
-    return wrapped(*changed[0], **changed[1])
+def otel_middleware_init_wrapper(integration: str) -> Any:
+    """A wrapper for ``OpenTelemetryMiddleware.__init__`` that puts llmtrace's scope middleware
+    (on while *integration* is) between it and the app it wraps, unless one is there already."""
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        changed = _with_scope_middleware(wrapped, args, kwargs, integration)
+        if changed is None:
+            return wrapped(*args, **kwargs)
+        return wrapped(*changed[0], **changed[1])
+
+    return wrapper
 
 
 @guarded("fastapi.middleware")
-def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                           integration: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     try:
         bound = inspect.signature(wrapped).bind(*args, **kwargs)
     except TypeError:
         return None  # the host's own mistake: let the library report it
     app = bound.arguments.get("app")
     if app is not None and not getattr(app, "_llmtrace_scope_middleware", False):
-        bound.arguments["app"] = ScopeMiddleware(app)
+        bound.arguments["app"] = ScopeMiddleware(app, integration)
     return bound.args, bound.kwargs
 
 
@@ -75,7 +80,8 @@ class FastAPIInstrumentor(Instrumentor):
     supported = _constants.SUPPORTED
 
     def _patch(self) -> None:
-        self.patches.wrap(_constants.ASGI_MODULE, _constants.ASGI_MIDDLEWARE_INIT, _otel_middleware_init_wrapper)
+        self.patches.wrap(_constants.ASGI_MODULE, _constants.ASGI_MIDDLEWARE_INIT,
+                          otel_middleware_init_wrapper(INTEGRATION))
         self.patches.wrap(_constants.MODULE, _constants.BUILD_MIDDLEWARE_STACK, _build_middleware_stack_wrapper)
         _server.ENABLED.add(INTEGRATION)
 
