@@ -1,17 +1,18 @@
 """Wiring of the gRPC server integration.
 
-Reuses opentelemetry-instrumentation-grpc for the SERVER span (its instrumentor
-wraps ``grpc.server`` to put its interceptor first); llmtrace appends its own
-interceptor (innermost, inside the SERVER span) that opens the server scope per
-RPC, times the first streamed response message, and ends the RPC's open requests
-as ``abort`` when the RPC terminates before its handler completed (the client
-cancelled or went away).
+Reuses opentelemetry-instrumentation-grpc for the SERVER span (its instrumentors
+wrap ``grpc.server`` and ``grpc.aio.server`` to put their interceptor first); llmtrace
+appends its own interceptor (innermost, inside the SERVER span) that opens the server
+scope per RPC, times the first streamed response message, and ends the RPC's open
+requests as ``abort`` when the RPC terminates before its handler completed (the
+client cancelled or went away; in ``grpc.aio`` the handler's task is cancelled).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from llmtrace import _runtime
@@ -64,6 +65,63 @@ def _streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
     return traced
 
 
+def _aio_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def traced(request: Any, context: Any) -> Any:
+        exchange = _server.Exchange()
+        exchange.enter()
+        try:
+            response = await behavior(request, context)
+        except asyncio.CancelledError:
+            exchange.disconnected()
+            raise
+        except BaseException as exc:
+            exchange.finish(exc)
+            raise
+        finally:
+            exchange.exit()
+        exchange.finish()
+        return response
+
+    return traced
+
+
+def _aio_streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+    async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
+        exchange = _server.Exchange()
+        exchange.enter()
+        try:
+            async for message in behavior(request, context):
+                if exchange.scope.first_byte_ns is None:
+                    exchange.first_byte(True)
+                yield message
+        except (GeneratorExit, asyncio.CancelledError):
+            exchange.disconnected()
+            raise
+        except BaseException as exc:
+            exchange.finish(exc)
+            raise
+        finally:
+            exchange.exit()
+        exchange.finish()
+
+    return traced
+
+
+@guarded("grpc.aio_handler")
+def _traced_aio_handler(grpc: Any, handler: Any) -> Any:
+    shape = extractors.behavior_of(handler)
+    behavior = getattr(handler, shape.attribute)
+    if shape.response_streaming and inspect.isasyncgenfunction(behavior):
+        traced = _aio_streaming(behavior)
+    elif not shape.response_streaming and inspect.iscoroutinefunction(behavior):
+        traced = _aio_unary(behavior)
+    else:  # a sync behavior run in the server's thread pool, or one writing through context.write()
+        return handler
+    factory = getattr(grpc, f"{shape.attribute}_rpc_method_handler")
+    return factory(traced, request_deserializer=handler.request_deserializer,
+                   response_serializer=handler.response_serializer)
+
+
 @guarded("grpc.handler")
 def _traced_handler(grpc: Any, handler: Any) -> Any:
     shape = extractors.behavior_of(handler)
@@ -87,6 +145,21 @@ def _interceptor_class() -> type:
             return _traced_handler(grpc, handler) or handler
 
     return ScopeInterceptor
+
+
+def _aio_interceptor_class() -> type:
+    import grpc
+
+    class AioScopeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+        """llmtrace's ``grpc.aio`` server interceptor (see the module docstring)."""
+
+        async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+            handler = await continuation(details)
+            if handler is None or INTEGRATION not in _server.ENABLED:
+                return handler
+            return _traced_aio_handler(grpc, handler) or handler
+
+    return AioScopeInterceptor
 
 
 def _server_wrapper(signature: inspect.Signature, interceptor: Any) -> Callable[..., Any]:
@@ -119,19 +192,29 @@ class GrpcInstrumentor(Instrumentor):
 
     def _patch(self) -> None:
         import grpc
-        from opentelemetry.instrumentation.grpc import GrpcInstrumentorServer
+        import grpc.aio
+        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
 
-        signature = inspect.signature(grpc.server)  # the library's, before OTel replaces it
+        # The library's signatures, before OTel replaces the functions; ours wrap OTel's
+        # replacements, so our interceptor is appended after OTel put its own first.
+        signature, aio_signature = inspect.signature(grpc.server), inspect.signature(grpc.aio.server)
         providers = _runtime.current().providers
+        tracer_provider = providers.tracer_provider if providers else None
         otel: Any = GrpcInstrumentorServer  # untyped upstream
-        otel().instrument(tracer_provider=providers.tracer_provider if providers else None)
+        otel().instrument(tracer_provider=tracer_provider)
+        otel_aio: Any = GrpcAioInstrumentorServer
+        otel_aio().instrument(tracer_provider=tracer_provider)
         self.patches.wrap(_constants.MODULE, _constants.SERVER, _server_wrapper(signature, _interceptor_class()()))
+        self.patches.wrap(_constants.AIO_MODULE, _constants.SERVER,
+                          _server_wrapper(aio_signature, _aio_interceptor_class()()))
         _server.ENABLED.add(INTEGRATION)
 
     def _unpatch(self) -> None:
-        from opentelemetry.instrumentation.grpc import GrpcInstrumentorServer
+        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
 
         _server.ENABLED.discard(INTEGRATION)
-        self.patches.restore()  # ours first: it wraps OTel's replacement of grpc.server
+        self.patches.restore()  # ours first: they wrap OTel's replacements of the server functions
         otel: Any = GrpcInstrumentorServer
         otel().uninstrument()
+        otel_aio: Any = GrpcAioInstrumentorServer
+        otel_aio().uninstrument()
