@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers``: tokenizers, model forward and ``generate()``.
+"""Hugging Face ``transformers``: tokenizers, model forward, ``generate()`` and continuous batching.
 
 What is traced
     * Tokenizers (``PreTrainedTokenizerBase.__call__``, ``encode``, ``decode``,
@@ -15,6 +15,14 @@ What is traced
       the sequences (padding excluded), ``gen_ai.response.finish_reasons`` has one
       entry per sequence, ``llm.batch.input_tokens`` / ``llm.batch.output_tokens``
       list them.
+
+    * Continuous batching (``init_continuous_batching``, ``generate_batch``,
+      ``transformers serve --continuous-batching``): each manager is an engine
+      (``llm.engine.id`` ``hf-cb<n>``) with ``llm.step`` spans (schedule / forward /
+      postprocess, the batch and its links), and each ``add_request`` an
+      ``llm.request`` with queue / prefill / decode from step membership, a second
+      queue after an eviction, and ``abort`` on ``cancel_request``
+      (``continuous.py``; transformers 5.20's internals, checked all-or-nothing).
 
 Architecture
     Token timestamps come from the model's forward pre-hook: the start of forward

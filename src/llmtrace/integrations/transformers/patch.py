@@ -14,10 +14,10 @@ from typing import Any
 
 import wrapt
 
-from llmtrace._safety import guarded
+from llmtrace._safety import guarded, warn_once
 from llmtrace.integrations import _common
 from llmtrace.integrations._base import Instrumentor
-from llmtrace.integrations.transformers import _constants, extractors, generate
+from llmtrace.integrations.transformers import _constants, continuous, extractors, generate
 
 
 def _count_encoding(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
@@ -51,6 +51,14 @@ _registered: set[str] = set()
 _registered_lock = threading.Lock()
 
 
+def _resolves(module: str, path: str) -> bool:
+    try:
+        wrapt.resolve_path(module, path)
+    except (AttributeError, ImportError):
+        return False
+    return True
+
+
 class TransformersInstrumentor(Instrumentor):
     name = "transformers"
     trigger = _constants.MODULE
@@ -63,6 +71,7 @@ class TransformersInstrumentor(Instrumentor):
             _constants.MODELING_MODULE: self._patch_modeling,
             _constants.GENERATION_MODULE: self._patch_generation,
             _constants.STREAMERS_MODULE: self._patch_streamers,
+            continuous.API_MODULE: self._patch_continuous_batching,
         }
 
     def _patch(self) -> None:
@@ -110,6 +119,17 @@ class TransformersInstrumentor(Instrumentor):
 
     def _patch_streamers(self) -> None:
         self.patches.wrap(_constants.STREAMERS_MODULE, _constants.STREAMER_INIT, generate.streamer_init_wrapper)
+
+    def _patch_continuous_batching(self) -> None:
+        # All or nothing: these are library internals, and a half-patched engine would open
+        # requests that nothing ends.
+        missing = [f"{module}.{path}" for module, path, _ in continuous.TARGETS if not _resolves(module, path)]
+        if missing:
+            warn_once("transformers-cb-targets", "llmtrace: this transformers' continuous batching lacks %s; "
+                      "not tracing it (requests through generate() still are)", ", ".join(missing))
+            return
+        for module, path, wrapper in continuous.TARGETS:
+            self.patches.wrap(module, path, wrapper)
 
     def _unpatch(self) -> None:
         from llmtrace.integrations.torch import patch as torch_patch

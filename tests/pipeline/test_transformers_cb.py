@@ -1,0 +1,111 @@
+"""transformers' continuous batching (``init_continuous_batching``) with a real random-weight
+Llama on the CPU: its requests as ``llm.request`` traces and its engine loop as ``llm.step``s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+
+from llmtrace import semconv
+from llmtrace.testing import CapturedTelemetry
+
+pytestmark = pytest.mark.torch
+
+
+def _tiny_llama() -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def manager(capture_spans: Any) -> Iterator[tuple[Any, CapturedTelemetry]]:
+    from transformers import GenerationConfig
+
+    with capture_spans(engine_window_steps=16) as captured:
+        model = _tiny_llama()
+        generation = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        cb = model.init_continuous_batching(generation_config=generation)
+        cb.start()
+        try:
+            warm_up = cb.add_request([1, 2, 3], max_new_tokens=2)  # the first batch compiles and allocates
+            assert cb.get_result(warm_up, timeout=300) is not None
+            yield cb, captured
+        finally:
+            cb.stop(block=True)
+
+
+def _wait(captured: CapturedTelemetry, predicate: Any, count: int, timeout_s: float = 30.0) -> list[Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = [s for s in captured.collect() if predicate(s)]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def _attr(span: Any, key: str) -> Any:
+    return span.attributes[key]
+
+
+def test_requests_and_steps_of_the_continuous_batching_loop(manager: tuple[Any, CapturedTelemetry]) -> None:
+    """Three requests added under a caller's span run in one engine loop: each llm.request is the
+    caller's child with queue/prefill/decode and its exact token counts; its first and last step
+    are steps that list it; a step running all three links to all three; forwards carry the engine id."""
+    from llmtrace import _runtime
+
+    cb, captured = manager
+    prompts = {f"cb-{n}": list(range(1, 4 + 5 * n)) for n in range(3)}
+    with _runtime.tracer().start_as_current_span("caller") as caller:
+        for n, (rid, prompt) in enumerate(prompts.items()):
+            assert rid == cb.add_request(prompt, request_id=rid, max_new_tokens=5 + n)
+    for n, rid in enumerate(prompts):
+        result = cb.get_result(rid, timeout=120)
+        assert result is not None and 5 + n == len(result.generated_tokens)
+    requests = {_attr(s, semconv.LLM_REQUEST_ID): s
+                for s in _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 4) if s.attributes}
+    steps = {_attr(s, semconv.LLM_STEP_ID): s for s in captured.spans if s.name == semconv.SPAN_STEP}
+    for n, (rid, prompt) in enumerate(prompts.items()):
+        request = requests[rid]
+        assert caller.get_span_context().span_id == request.parent.span_id
+        assert (len(prompt), 5 + n) == (_attr(request, semconv.GEN_AI_USAGE_INPUT_TOKENS),
+                                        _attr(request, semconv.GEN_AI_USAGE_OUTPUT_TOKENS))
+        assert semconv.FINISH_LENGTH == _attr(request, semconv.LLM_REQUEST_FINISH_REASON)
+        children = {s.name for s in captured.children(request)}
+        assert {semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= children
+        first, last = _attr(request, semconv.LLM_STEP_FIRST_ID), _attr(request, semconv.LLM_STEP_LAST_ID)
+        for step_id in (first, last):
+            assert rid in _attr(steps[step_id], semconv.LLM_BATCH_REQUEST_IDS)
+        assert last - first == _attr(request, semconv.LLM_DECODE_STEPS)
+    span_ids = {requests[rid].context.span_id for rid in prompts}
+    shared = [s for s in steps.values() if set(prompts) <= set(_attr(s, semconv.LLM_BATCH_REQUEST_IDS))]
+    assert shared, "no step ran all three requests"
+    assert span_ids <= {link.context.span_id for link in shared[0].links}
+    prefill = sum(_attr(s, semconv.LLM_BATCH_PREFILL_TOKENS) for s in steps.values())
+    assert prefill >= sum(map(len, prompts.values()))
+    forwards = [s for s in captured.spans if s.name == semconv.SPAN_FORWARD]
+    assert forwards and {_attr(f, semconv.LLM_ENGINE_ID) for f in forwards} == {
+        _attr(s, semconv.LLM_ENGINE_ID) for s in steps.values()}
+    assert all(str(_attr(s, semconv.LLM_ENGINE_ID)).startswith("hf-cb") for s in steps.values())
+
+
+def test_a_cancelled_request_ends_as_abort(manager: tuple[Any, CapturedTelemetry]) -> None:
+    """cancel_request() while the request streams: its llm.request ends as abort, with the tokens so far."""
+    cb, captured = manager
+    rid = cb.add_request(list(range(1, 9)), request_id="cb-cancel", max_new_tokens=400, streaming=True)
+    outputs = cb.request_id_iter(rid)
+    next(outputs)
+    cb.cancel_request(rid)
+    [request] = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST
+                      and s.attributes.get(semconv.LLM_REQUEST_ID) == "cb-cancel", 1)
+    assert semconv.FINISH_ABORT == _attr(request, semconv.LLM_REQUEST_FINISH_REASON)
+    assert trace.StatusCode.ERROR == request.status.status_code
+    assert 1 <= _attr(request, semconv.GEN_AI_USAGE_OUTPUT_TOKENS) < 400
