@@ -29,11 +29,15 @@ def _tiny_llama() -> Any:
 @pytest.fixture
 def manager(capture_spans: Any) -> Iterator[tuple[Any, CapturedTelemetry]]:
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     with capture_spans(engine_window_steps=16) as captured:
         model = _tiny_llama()
         generation = GenerationConfig(max_new_tokens=4, do_sample=False, eos_token_id=-1, pad_token_id=0)
-        cb = model.init_continuous_batching(generation_config=generation)
+        # A small paged cache: 8 pages of 16 tokens (the default sizes it from free memory, slow to
+        # allocate), so that long requests run out of it and get evicted.
+        paged = ContinuousBatchingConfig(page_size=16, num_blocks=8, max_batch_tokens=64)
+        cb = model.init_continuous_batching(generation_config=generation, continuous_batching_config=paged)
         cb.start()
         try:
             warm_up = cb.add_request([1, 2, 3], max_new_tokens=2)  # the first batch compiles and allocates
@@ -109,3 +113,20 @@ def test_a_cancelled_request_ends_as_abort(manager: tuple[Any, CapturedTelemetry
     assert semconv.FINISH_ABORT == _attr(request, semconv.LLM_REQUEST_FINISH_REASON)
     assert trace.StatusCode.ERROR == request.status.status_code
     assert 1 <= _attr(request, semconv.GEN_AI_USAGE_OUTPUT_TOKENS) < 400
+
+
+def test_an_evicted_request_queues_again_and_keeps_its_token_count(manager: tuple[Any, CapturedTelemetry]) -> None:
+    """Four 40-token requests do not fit the 128-token cache together: the engine evicts (soft-resets)
+    some; each such request gets a second llm.queue and llm.preemptions, and still counts all 40
+    output tokens (its restarted state counts only those after the eviction)."""
+    cb, captured = manager
+    rids = [cb.add_request(list(range(1, 9 + n)), request_id=f"cb-long-{n}", max_new_tokens=40) for n in range(4)]
+    requests = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST
+                     and str(s.attributes.get(semconv.LLM_REQUEST_ID, "")).startswith("cb-long-"), len(rids))
+    assert len(rids) == len(requests)
+    assert all(40 == _attr(r, semconv.GEN_AI_USAGE_OUTPUT_TOKENS) for r in requests)
+    evicted = [r for r in requests if _attr(r, semconv.LLM_PREEMPTIONS) >= 1]
+    assert evicted, "no request was evicted: the cache was large enough"
+    for request in evicted:
+        queues = [s for s in captured.children(request) if s.name == semconv.SPAN_QUEUE]
+        assert 1 + _attr(request, semconv.LLM_PREEMPTIONS) == len(queues)

@@ -124,8 +124,9 @@ def _token_event(state: Any, generated_before: int, finished: bool) -> None:
         eos = bool(state.generated_tokens) and state.generated_tokens[-1] in state._eos_token_ids
         engine = _thread.engine
         assert engine is not None
-        engine.tracker.finished(state.request_id, semconv.FINISH_STOP if eos else semconv.FINISH_LENGTH,
-                                output_tokens=len(state.generated_tokens))
+        # No output_tokens= from the state: after a soft reset its generated_tokens restart from
+        # zero (the earlier ones became prompt); the handle counted every token event.
+        engine.tracker.finished(state.request_id, semconv.FINISH_STOP if eos else semconv.FINISH_LENGTH)
 
 
 def add_waiting_request_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
