@@ -91,6 +91,13 @@ class ServerScope:
         pending, self.pending = self.pending, []
         return pending
 
+    def adopt_pending(self, handle: RequestHandle) -> None:
+        """Hand the prompt encodes parked so far to *handle*, the request they were for."""
+        for item in self.take_pending():
+            handle.tokenized(item.tokens, item.start_ns, item.end_ns)
+            if item.text is not None and handle.prompt is None:
+                handle.prompt = item.text
+
     # ------------------------------------------------------------------ endings
     @guarded("scope.abort")
     def abort_open(self, error: BaseException | None = None, reason: str | None = None) -> None:

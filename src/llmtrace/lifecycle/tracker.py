@@ -24,14 +24,14 @@ class RequestTracker:
         return len(self._open)
 
     def add(self, request_id: str, *, carrier: Mapping[str, str] | None = None,
-            arrival_ns: int | None = None, **attrs: Any) -> RequestHandle:
-        """A request reached the engine and waits in its queue.
+            arrival_ns: int | None = None, queued_ns: int | None = None, **attrs: Any) -> RequestHandle:
+        """A request reached the engine and waits in its queue (from *queued_ns*, default its arrival).
 
         With a *carrier* (the API server's ``llm.request``), this process adds the
         phase spans to that trace; without one, it owns an ``llm.request`` root.
         """
         handle = start_request(request_id, carrier=carrier, owns_span=not carrier, arrival_ns=arrival_ns, **attrs)
-        handle.queued(arrival_ns)
+        handle.queued(arrival_ns if queued_ns is None else queued_ns)
         self._open[request_id] = handle
         return handle
 

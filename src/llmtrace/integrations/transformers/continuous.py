@@ -36,6 +36,7 @@ from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.lifecycle.clock import monotonic_ns
 from llmtrace.lifecycle.engine import EngineTracer
+from llmtrace.lifecycle.scope import current_scope
 
 API_MODULE: Final = "transformers.generation.continuous_batching.continuous_api"
 REQUESTS_MODULE: Final = "transformers.generation.continuous_batching.requests"
@@ -93,15 +94,21 @@ def state_post_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], 
 
 
 @guarded("transformers.cb.arrived")
-def _arrived(state: Any, engine: EngineTracer, arrival_ns: int, manager: Any) -> None:
+def _arrived(state: Any, engine: EngineTracer, added_ns: int, manager: Any) -> None:
     if state.request_id in engine.tracker._open:
         return
     model = getattr(manager, "model", None)
     config = getattr(model, "config", None)
     name = getattr(config, "name_or_path", "") or (type(model).__name__ if model is not None else None)
-    engine.tracker.add(state.request_id, arrival_ns=arrival_ns, model=name,
-                       prompt_tokens=len(state.initial_tokens), max_tokens=state.max_new_tokens,
-                       stream=bool(state.streaming))
+    # In a server call (FastAPI, aiohttp, gRPC) the request arrived with the call, and the
+    # prompt encode the handler did before add_request is its llm.tokenize; it queues from here.
+    scope = current_scope()
+    arrival_ns = scope.arrival_ns if scope is not None and not scope.closed else added_ns
+    handle = engine.tracker.add(state.request_id, arrival_ns=arrival_ns, queued_ns=added_ns, model=name,
+                                prompt_tokens=len(state.initial_tokens), max_tokens=state.max_new_tokens,
+                                stream=bool(state.streaming))
+    if scope is not None and not scope.closed:
+        scope.adopt_pending(handle)
 
 
 def update_and_check_completion_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],

@@ -142,10 +142,7 @@ def _begin(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str,
                                operation=_constants.OPERATION, arrival_ns=arrival)
         state.owned = True
         if scope is not None:
-            for item in scope.take_pending():
-                handle.tokenized(item.tokens, item.start_ns, item.end_ns)
-                if item.text is not None and handle.prompt is None:
-                    handle.prompt = item.text
+            scope.adopt_pending(handle)
     handle.scheduled(at_ns=now)
     state.handle = handle
     if not torch_patch.is_hooked(instance):
