@@ -93,6 +93,7 @@ def test_requests_and_steps_of_the_continuous_batching_loop(manager: tuple[Any, 
     shared = [s for s in steps.values() if set(prompts) <= set(_attr(s, semconv.LLM_BATCH_REQUEST_IDS))]
     assert shared, "no step ran all three requests"
     assert span_ids <= {link.context.span_id for link in shared[0].links}
+    assert all(0.0 < _attr(s, semconv.LLM_KV_CACHE_USAGE) <= 1.0 for s in shared)  # three requests hold pages
     prefill = sum(_attr(s, semconv.LLM_BATCH_PREFILL_TOKENS) for s in steps.values())
     assert prefill >= sum(map(len, prompts.values()))
     forwards = [s for s in captured.spans if s.name == semconv.SPAN_FORWARD]

@@ -219,8 +219,20 @@ def _scheduled(processor: Any, ready: bool, start_ns: int, end_ns: int) -> None:
             prefill += int(future.query_length)
     scheduler = processor.scheduler
     step.batch(ids, prefill_tokens=prefill, decode_tokens=decode,
-               waiting=len(scheduler.waiting_requests), running=len(scheduler.active_requests))
+               waiting=len(scheduler.waiting_requests), running=len(scheduler.active_requests),
+               kv_cache_usage=_kv_cache_usage(processor))
     _thread.step = step
+
+
+def _kv_cache_usage(processor: Any) -> float | None:
+    """Share of the paged cache in use after this step's allocation (None where it cannot say)."""
+    free = getattr(getattr(processor, "cache", None), "compute_free_capacity", None)
+    if free is None:
+        return None
+    try:
+        return max(0.0, min(1.0, 1.0 - float(free(relative=True))))
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError):
+        return None
 
 
 def generation_step_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
