@@ -1,6 +1,7 @@
-"""`transformers serve --continuous-batching` — Hugging Face's own OpenAI-compatible server, as
-someone would run it — under llmtrace with no code change: a random-weight Llama saved to a
-local directory with the locally trained tokenizer, real uvicorn on loopback, a real client."""
+"""`transformers serve` — Hugging Face's own OpenAI-compatible server, as someone would run it,
+with and without `--continuous-batching` — under llmtrace with no code change: a random-weight
+Llama saved to a local directory with the locally trained tokenizer, real uvicorn on loopback,
+a real client."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def served(capture_spans: Any, tiny_tokenizer: Any, tmp_path: Path) -> Iterator[tuple[str, str, CapturedTelemetry]]:
+@pytest.fixture(params=[True, False], ids=["continuous-batching", "generate"])
+def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: Any,
+           tmp_path: Path) -> Iterator[tuple[str, str, CapturedTelemetry]]:
     import httpx
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -44,8 +46,9 @@ def served(capture_spans: Any, tiny_tokenizer: Any, tmp_path: Path) -> Iterator[
         LlamaForCausalLM(config).save_pretrained(model_dir)
         tiny_tokenizer.save_pretrained(model_dir)
         port = servers.free_port()
-        server = Serve(force_model=model_dir, continuous_batching=True, cb_block_size=16, cb_num_blocks=32,
-                       device="cpu", host="127.0.0.1", port=port, non_blocking=True)
+        cb_options = {"cb_block_size": 16, "cb_num_blocks": 32} if request.param else {}
+        server = Serve(force_model=model_dir, continuous_batching=request.param, device="cpu", host="127.0.0.1",
+                       port=port, non_blocking=True, **cb_options)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -81,11 +84,12 @@ def _is_request(span: Any) -> bool:
     return span.name == semconv.SPAN_REQUEST
 
 
-def test_completions_are_traced_from_the_server_span_to_the_engine_steps(
-        served: tuple[str, str, CapturedTelemetry]) -> None:
-    """A plain and a streamed /v1/completions: each llm.request is its SERVER span's child, in
-    the caller's trace, with the response's id as llm.request.id, the response's token counts,
-    its prompt encode as llm.tokenize, queue/prefill/decode, and steps of the engine loop that list it."""
+def test_completions_are_traced_from_the_server_span_down(served: tuple[str, str, CapturedTelemetry]) -> None:
+    """A plain and a streamed /v1/completions: each llm.request is its SERVER span's child, in the
+    caller's trace, with the response's token counts and its prompt encode as llm.tokenize. With
+    continuous batching the request is also the engine's — llm.request.id is the response's id, it
+    queues, and the engine's steps list it; without, generate() runs on the server's inference
+    thread, and the request still joins the call's trace."""
     import httpx
 
     url, model_dir, captured = served
@@ -102,16 +106,22 @@ def test_completions_are_traced_from_the_server_span_to_the_engine_steps(
     requests = _wait(captured, _is_request, 2)
     servers_by_id = {s.context.span_id: s for s in _wait(
         captured, lambda s: s.kind == trace.SpanKind.SERVER and s.name.endswith("/v1/completions"), 2)}
-    by_id = {r.attributes[semconv.LLM_REQUEST_ID]: r for r in requests}
-    plain = by_id[body["id"]]
-    assert body["usage"]["completion_tokens"] == plain.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
-    assert body["usage"]["prompt_tokens"] == plain.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
-    steps = {s.attributes[semconv.LLM_STEP_ID]: s for s in captured.spans if s.name == semconv.SPAN_STEP}
+    assert 2 == len(requests)
+    assert body["usage"]["completion_tokens"] == 8
+    assert [6, 8] == sorted(r.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] for r in requests)
     for request in requests:
         assert request.parent.span_id in servers_by_id
         assert int(trace_id, 16) == request.context.trace_id
         names = {s.name for s in captured.children(request)}
-        assert {semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= names
+        assert {semconv.SPAN_TOKENIZE, semconv.SPAN_PREFILL, semconv.SPAN_DECODE} <= names
+    steps = {s.attributes[semconv.LLM_STEP_ID]: s for s in captured.spans if s.name == semconv.SPAN_STEP}
+    if not steps:  # generate(): no engine loop
+        assert all(semconv.LLM_STEP_FIRST_ID not in r.attributes for r in requests)
+        return
+    by_id = {r.attributes[semconv.LLM_REQUEST_ID]: r for r in requests}
+    assert body["usage"]["prompt_tokens"] == by_id[body["id"]].attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+    for request in requests:
+        assert semconv.SPAN_QUEUE in {s.name for s in captured.children(request)}
         first = steps[request.attributes[semconv.LLM_STEP_FIRST_ID]]
         assert request.attributes[semconv.LLM_REQUEST_ID] in first.attributes[semconv.LLM_BATCH_REQUEST_IDS]
         assert str(first.attributes[semconv.LLM_ENGINE_ID]).startswith("hf-cb")

@@ -22,3 +22,6 @@ STREAMER_INIT: Final = "TextStreamer.__init__"
 #: Attribute set on a streamer: the context it was created in (the handler's).
 STREAMER_CONTEXT_ATTR: Final = "_llmtrace_context"
 OPERATION: Final = "text_completion"
+#: transformers serve's inference thread: calls submitted to it run in the submitter's context.
+SERVING_MODULE: Final = "transformers.cli.serving.utils"
+SERVING_SUBMIT: Final = ("InferenceThread.submit", "InferenceThread.async_submit")

@@ -6,6 +6,8 @@ loads lazily), so a process that only tokenizes never imports torch because of u
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import sys
 import threading
 import weakref
@@ -51,6 +53,12 @@ _registered: set[str] = set()
 _registered_lock = threading.Lock()
 
 
+def _submit_in_context(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if not args or not callable(args[0]):
+        return wrapped(*args, **kwargs)
+    return wrapped(functools.partial(contextvars.copy_context().run, args[0]), *args[1:], **kwargs)
+
+
 def _resolves(module: str, path: str) -> bool:
     try:
         wrapt.resolve_path(module, path)
@@ -72,6 +80,7 @@ class TransformersInstrumentor(Instrumentor):
             _constants.GENERATION_MODULE: self._patch_generation,
             _constants.STREAMERS_MODULE: self._patch_streamers,
             continuous.API_MODULE: self._patch_continuous_batching,
+            _constants.SERVING_MODULE: self._patch_serving,
         }
 
     def _patch(self) -> None:
@@ -119,6 +128,13 @@ class TransformersInstrumentor(Instrumentor):
 
     def _patch_streamers(self) -> None:
         self.patches.wrap(_constants.STREAMERS_MODULE, _constants.STREAMER_INIT, generate.streamer_init_wrapper)
+
+    def _patch_serving(self) -> None:
+        # transformers serve runs generate() on one persistent inference thread fed by a queue:
+        # the submitted call carries the handler's context there, so its request joins the
+        # handler's trace and server call (as a TextStreamer does for a plain Thread).
+        for method in _constants.SERVING_SUBMIT:
+            self.patches.wrap(_constants.SERVING_MODULE, method, _submit_in_context)
 
     def _patch_continuous_batching(self) -> None:
         # All or nothing: these are library internals, and a half-patched engine would open
