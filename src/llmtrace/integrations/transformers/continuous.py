@@ -78,11 +78,19 @@ def _handle(state: Any) -> Any:
 
 # ----------------------------------------------------------------------------- requests
 def add_request_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    token = _arriving.set((engine_of(instance), monotonic_ns(), instance))
+    engine = _engine_or_none(instance)
+    if engine is None:
+        return wrapped(*args, **kwargs)
+    token = _arriving.set((engine, monotonic_ns(), instance))
     try:
         return wrapped(*args, **kwargs)
     finally:
         _arriving.reset(token)
+
+
+@guarded("transformers.cb.engine")
+def _engine_or_none(manager: Any) -> EngineTracer | None:
+    return engine_of(manager)
 
 
 def state_post_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -113,7 +121,7 @@ def _arrived(state: Any, engine: EngineTracer, added_ns: int, manager: Any) -> N
 
 def update_and_check_completion_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
                                         kwargs: dict[str, Any]) -> Any:
-    generated = len(instance.generated_tokens)
+    generated = len(getattr(instance, "generated_tokens", ()))
     finished = wrapped(*args, **kwargs)
     if _thread.engine is not None:
         _token_event(instance, generated, bool(finished))
@@ -153,25 +161,32 @@ def _requeued(state: Any) -> None:
 def clear_cancelled_requests_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
                                      kwargs: dict[str, Any]) -> Any:
     cancelled = wrapped(*args, **kwargs)
-    engine = _thread.engine
-    if engine is not None and cancelled:
+    if _thread.engine is not None and cancelled:
         for state in cancelled:
-            engine.tracker.aborted(state.request_id, reason=semconv.FINISH_ABORT)
+            _ended(state, None)
     return cancelled
 
 
 def handle_request_error_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     result = wrapped(*args, **kwargs)
-    engine = _thread.engine
-    if engine is not None and len(args) >= 2:
-        error, state = args[0], args[1]
-        engine.tracker.aborted(state.request_id, error if isinstance(error, BaseException) else None)
+    if _thread.engine is not None and len(args) >= 2:
+        _ended(args[1], args[0] if isinstance(args[0], BaseException) else None)
     return result
+
+
+@guarded("transformers.cb.ended")
+def _ended(state: Any, error: BaseException | None) -> None:
+    """Cancelled (no *error*: ``abort``) or failed (``error``)."""
+    engine = _thread.engine
+    if engine is not None:
+        engine.tracker.aborted(state.request_id, error, None if error is not None else semconv.FINISH_ABORT)
 
 
 # ----------------------------------------------------------------------------- the engine thread
 def generation_loop_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    engine = engine_of(instance)
+    engine = _engine_or_none(instance)
+    if engine is None:
+        return wrapped(*args, **kwargs)
     _thread.engine, _thread.step = engine, None
     try:
         return wrapped(*args, **kwargs)
