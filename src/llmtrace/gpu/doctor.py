@@ -32,6 +32,7 @@ INTEGRATIONS = (
     "tokenizers",
     "vllm",
     "fastapi",
+    "starlette",
     "uvicorn",
     "aiohttp",
     "grpcio",
