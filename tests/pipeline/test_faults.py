@@ -127,7 +127,7 @@ def test_asgi_fault(tiny_model: Any, tiny_tokenizer: Any, capture_spans: Any, mo
     body = {"prompt": "hello", "max_tokens": 3}
     with capture_spans(), servers.uvicorn_server(apps.build_app(tiny_tokenizer, tiny_model)) as url:
         expected = httpx.post(url + "/v1/stream", json=body, timeout=30)
-        monkeypatch.setattr("llmtrace.integrations.fastapi.extractors.is_streamed", _boom)
+        monkeypatch.setattr("llmtrace.integrations._asgi.is_streamed", _boom)
         before = _errors("asgi.first_byte")
         response = httpx.post(url + "/v1/stream", json=body, timeout=30)
     assert (200, expected.text) == (response.status_code, response.text)

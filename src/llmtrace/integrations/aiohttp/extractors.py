@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from llmtrace.integrations.fastapi.extractors import is_disconnect
+from llmtrace.integrations._asgi import is_disconnect
 
 __all__ = ["is_disconnect", "with_middleware"]
 

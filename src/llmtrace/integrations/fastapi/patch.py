@@ -4,21 +4,22 @@ Reuses opentelemetry-instrumentation-fastapi: every ``FastAPI`` app is passed to
 ``FastAPIInstrumentor.instrument_app`` when it builds its middleware stack (at its
 first request), whether it was created before or after ``instrument()``. Every
 ``OpenTelemetryMiddleware`` (FastAPI's, or one a Starlette app added by hand) gets
-llmtrace's :class:`~llmtrace.integrations.fastapi.asgi.ScopeMiddleware` inside it.
+llmtrace's :class:`~llmtrace.integrations._asgi.ScopeMiddleware` inside it.
 """
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from typing import Any
 
 from llmtrace import _runtime
 from llmtrace._safety import guarded
 from llmtrace.integrations import _server
+from llmtrace.integrations._asgi import ASGI_MIDDLEWARE_INIT, ASGI_MODULE, EXCLUDE_SPANS, otel_middleware_init_wrapper
 from llmtrace.integrations._base import Instrumentor
 from llmtrace.integrations.fastapi import _constants
-from llmtrace.integrations.fastapi.asgi import INTEGRATION, ScopeMiddleware
+
+INTEGRATION = "fastapi"
 
 _apps: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -32,7 +33,7 @@ def _instrument_app(app: Any) -> bool:
         app,
         tracer_provider=providers.tracer_provider if providers else None,
         meter_provider=providers.meter_provider if providers else None,
-        exclude_spans=list(_constants.EXCLUDE_SPANS),
+        exclude_spans=list(EXCLUDE_SPANS),
     )
     _apps.add(app)
     return True
@@ -47,32 +48,6 @@ def _build_middleware_stack_wrapper(wrapped: Any, instance: Any, args: tuple[Any
     return wrapped(*args, **kwargs)
 
 
-def otel_middleware_init_wrapper(integration: str) -> Any:
-    """A wrapper for ``OpenTelemetryMiddleware.__init__`` that puts llmtrace's scope middleware
-    (on while *integration* is) between it and the app it wraps, unless one is there already."""
-
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        changed = _with_scope_middleware(wrapped, args, kwargs, integration)
-        if changed is None:
-            return wrapped(*args, **kwargs)
-        return wrapped(*changed[0], **changed[1])
-
-    return wrapper
-
-
-@guarded("fastapi.middleware")
-def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                           integration: str) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-    try:
-        bound = inspect.signature(wrapped).bind(*args, **kwargs)
-    except TypeError:
-        return None  # the host's own mistake: let the library report it
-    app = bound.arguments.get("app")
-    if app is not None and not getattr(app, "_llmtrace_scope_middleware", False):
-        bound.arguments["app"] = ScopeMiddleware(app, integration)
-    return bound.args, bound.kwargs
-
-
 class FastAPIInstrumentor(Instrumentor):
     name = "fastapi"
     trigger = _constants.MODULE
@@ -80,8 +55,7 @@ class FastAPIInstrumentor(Instrumentor):
     supported = _constants.SUPPORTED
 
     def _patch(self) -> None:
-        self.patches.wrap(_constants.ASGI_MODULE, _constants.ASGI_MIDDLEWARE_INIT,
-                          otel_middleware_init_wrapper(INTEGRATION))
+        self.patches.wrap(ASGI_MODULE, ASGI_MIDDLEWARE_INIT, otel_middleware_init_wrapper(INTEGRATION))
         self.patches.wrap(_constants.MODULE, _constants.BUILD_MIDDLEWARE_STACK, _build_middleware_stack_wrapper)
         _server.ENABLED.add(INTEGRATION)
 

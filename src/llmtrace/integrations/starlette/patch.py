@@ -7,10 +7,14 @@ from typing import Any, Final
 from llmtrace import _runtime
 from llmtrace._safety import guarded
 from llmtrace.integrations import _server
+from llmtrace.integrations._asgi import (
+    ASGI_MIDDLEWARE_INIT,
+    ASGI_MODULE,
+    EXCLUDE_SPANS,
+    ScopeMiddleware,
+    otel_middleware_init_wrapper,
+)
 from llmtrace.integrations._base import Instrumentor
-from llmtrace.integrations.fastapi import _constants as _fastapi
-from llmtrace.integrations.fastapi.asgi import ScopeMiddleware
-from llmtrace.integrations.fastapi.patch import otel_middleware_init_wrapper
 
 INTEGRATION: Final = "starlette"
 MODULE: Final = "starlette.applications"
@@ -76,7 +80,7 @@ def _traced_stack(app: Any, stack: Any) -> Any:
         default_span_details=_span_details(app),
         tracer_provider=providers.tracer_provider if providers else None,
         meter_provider=providers.meter_provider if providers else None,
-        exclude_spans=list(_fastapi.EXCLUDE_SPANS),
+        exclude_spans=list(EXCLUDE_SPANS),
     )
 
 
@@ -97,8 +101,7 @@ class StarletteInstrumentor(Instrumentor):
     def _patch(self) -> None:
         # A hand-added OpenTelemetryMiddleware is built inside build_middleware_stack: its
         # constructor hook puts the scope in (a no-op when the fastapi integration's did).
-        self.patches.wrap(_fastapi.ASGI_MODULE, _fastapi.ASGI_MIDDLEWARE_INIT,
-                          otel_middleware_init_wrapper(INTEGRATION))
+        self.patches.wrap(ASGI_MODULE, ASGI_MIDDLEWARE_INIT, otel_middleware_init_wrapper(INTEGRATION))
         self.patches.wrap(MODULE, BUILD_MIDDLEWARE_STACK, _build_middleware_stack_wrapper)
         _server.ENABLED.add(INTEGRATION)
 
