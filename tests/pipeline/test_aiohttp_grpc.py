@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -136,25 +137,31 @@ def _stream(request: bytes, context: Any) -> Iterator[bytes]:
     handle.finished("stop")
 
 
-@pytest.fixture
-def grpc_target(capture_spans: Any) -> Iterator[tuple[str, CapturedTelemetry]]:
+@contextmanager
+def _sync_server() -> Iterator[str]:
     from concurrent import futures
 
-    with capture_spans() as captured:
-        import grpc
+    import grpc
 
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        handlers = {
-            "Complete": grpc.unary_unary_rpc_method_handler(_complete, _identity, _identity),
-            "Stream": grpc.unary_stream_rpc_method_handler(_stream, _identity, _identity),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("llm.Generate", handlers),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        server.start()
-        try:
-            yield f"127.0.0.1:{port}", captured
-        finally:
-            server.stop(grace=None).wait(10)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    handlers = {
+        "Complete": grpc.unary_unary_rpc_method_handler(_complete, _identity, _identity),
+        "Stream": grpc.unary_stream_rpc_method_handler(_stream, _identity, _identity),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("llm.Generate", handlers),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(grace=None).wait(10)
+
+
+@pytest.fixture(params=["sync", "aio"])
+def grpc_target(request: pytest.FixtureRequest, capture_spans: Any) -> Iterator[tuple[str, CapturedTelemetry]]:
+    """The same servicer on a ``grpc.server`` (thread pool) and on a ``grpc.aio`` server (coroutines)."""
+    with capture_spans() as captured, (_sync_server() if request.param == "sync" else _aio_server()) as target:
+        yield target, captured
 
 
 def test_grpc_unary_and_streaming_requests_are_children_of_server_spans(
@@ -191,6 +198,7 @@ def test_grpc_cancelled_stream_aborts_the_request(grpc_target: tuple[str, Captur
         call.cancel()
     [request] = _wait_for(captured, semconv.SPAN_REQUEST, 1)
     assert "abort" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
+    assert request.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 400
 
 
 # ----------------------------------------------------------------------------- grpc.aio
@@ -212,72 +220,33 @@ async def _aio_stream(request: bytes, context: Any) -> Any:
     handle.finished("stop")
 
 
-@pytest.fixture
-def grpc_aio_target(capture_spans: Any) -> Iterator[tuple[str, CapturedTelemetry]]:
+@contextmanager
+def _aio_server() -> Iterator[str]:
     """A ``grpc.aio`` server on its own event loop in a thread (as an asyncio serving process runs it)."""
-    with capture_spans() as captured:
-        import grpc
-
-        loop = asyncio.new_event_loop()
-        ready: list[Any] = []
-
-        async def start() -> None:
-            server = grpc.aio.server()
-            handlers = {
-                "Complete": grpc.unary_unary_rpc_method_handler(_aio_complete, _identity, _identity),
-                "Stream": grpc.unary_stream_rpc_method_handler(_aio_stream, _identity, _identity),
-            }
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("llm.Generate", handlers),))
-            port = server.add_insecure_port("127.0.0.1:0")
-            await server.start()
-            ready.append((server, port))
-
-        thread = threading.Thread(target=loop.run_forever, name="grpc-aio-test", daemon=True)
-        thread.start()
-        asyncio.run_coroutine_threadsafe(start(), loop).result(20)
-        server, port = ready[0]
-        try:
-            yield f"127.0.0.1:{port}", captured
-        finally:
-            asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(20)
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
-            loop.close()
-
-
-def test_grpc_aio_requests_are_children_of_server_spans(grpc_aio_target: tuple[str, CapturedTelemetry]) -> None:
-    """grpc.aio: unary and async-generator streaming RPCs with a traceparent: llm.request under
-    the SERVER span, in the caller's trace; the streamed RPC's time to first message."""
     import grpc
 
-    target, captured = grpc_aio_target
-    metadata = (("traceparent", TRACEPARENT),)
-    with grpc.insecure_channel(target) as channel:
-        complete = channel.unary_unary("/llm.Generate/Complete", _identity, _identity)
-        assert b"done" == complete(b"prompt", metadata=metadata, timeout=10)
-        stream = channel.unary_stream("/llm.Generate/Stream", _identity, _identity)
-        assert 4 == len(list(stream(b"4", metadata=metadata, timeout=10)))
-    requests = _wait_for(captured, semconv.SPAN_REQUEST, 2)
-    servers = {s.context.span_id: s for s in _server_spans(captured, 2)}
-    assert 2 == len(servers)
-    for request in requests:
-        server = servers[request.parent.span_id]
-        assert int(TRACE_ID, 16) == request.context.trace_id == server.context.trace_id
-        assert int(PARENT_ID, 16) == server.parent.span_id
-    assert {"stop"} == {r.attributes[semconv.LLM_REQUEST_FINISH_REASON] for r in requests}
-    streamed = [s for s in servers.values() if s.name.endswith("Stream")]
-    assert streamed[0].attributes[semconv.LLM_TIME_TO_FIRST_BYTE_S] > 0
+    loop = asyncio.new_event_loop()
+    ready: list[Any] = []
 
+    async def start() -> None:
+        server = grpc.aio.server()
+        handlers = {
+            "Complete": grpc.unary_unary_rpc_method_handler(_aio_complete, _identity, _identity),
+            "Stream": grpc.unary_stream_rpc_method_handler(_aio_stream, _identity, _identity),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("llm.Generate", handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ready.append((server, port))
 
-def test_grpc_aio_cancelled_stream_aborts_the_request(grpc_aio_target: tuple[str, CapturedTelemetry]) -> None:
-    """The client cancels a grpc.aio streaming RPC after the first message: the request ends as abort."""
-    import grpc
-
-    target, captured = grpc_aio_target
-    with grpc.insecure_channel(target) as channel:
-        call = channel.unary_stream("/llm.Generate/Stream", _identity, _identity)(b"400", timeout=30)
-        next(call)
-        call.cancel()
-    [request] = _wait_for(captured, semconv.SPAN_REQUEST, 1)
-    assert "abort" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
-    assert request.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 400
+    thread = threading.Thread(target=loop.run_forever, name="grpc-aio-test", daemon=True)
+    thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(20)
+    server, port = ready[0]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result(20)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

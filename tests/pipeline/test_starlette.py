@@ -14,6 +14,7 @@ from opentelemetry import trace
 import llmtrace
 from llmtrace import semconv
 from llmtrace.testing import CapturedTelemetry
+from tests.helpers.waits import wait_for_spans
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -63,17 +64,10 @@ def served(capture_spans: Any) -> Iterator[tuple[str, CapturedTelemetry]]:
         yield url, captured
 
 
-def _wait(captured: CapturedTelemetry, predicate: Any, count: int, timeout_s: float = 20.0) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = [s for s in captured.collect() if predicate(s)]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 def _server_spans(captured: CapturedTelemetry, count: int) -> list[Any]:
-    return _wait(captured, lambda s: s.kind == trace.SpanKind.SERVER, count)
+    return wait_for_spans(captured, lambda s: s.kind == trace.SpanKind.SERVER, count)
 
 
 def test_plain_starlette_app_gets_a_named_server_span_with_the_request_under_it(
@@ -87,7 +81,7 @@ def test_plain_starlette_app_gets_a_named_server_span_with_the_request_under_it(
             "POST", url + "/v1/generate/tiny", json={"max_tokens": 6}, headers={"traceparent": TRACEPARENT}) as r:
         assert 200 == r.status_code
         r.read()
-    [request] = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+    [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
     [server] = _server_spans(captured, 1)
     assert "POST /v1/generate/{model}" == server.name
     assert "/v1/generate/{model}" == server.attributes["http.route"]
@@ -108,7 +102,7 @@ def test_client_disconnect_ends_the_request_as_abort(served: tuple[str, Captured
     with httpx.Client(timeout=30) as client, client.stream(
             "POST", url + "/v1/generate/tiny", json={"max_tokens": 200}) as response:
         next(response.iter_raw())
-    [request] = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+    [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
     assert "abort" == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
     assert trace.StatusCode.ERROR == request.status.status_code
 
@@ -135,9 +129,9 @@ def test_app_with_its_own_otel_middleware_gets_one_server_span(capture_spans: An
     with capture_spans() as captured, servers.uvicorn_server(_app(with_otel_middleware=True)) as url:
         with httpx.Client(timeout=30) as client:
             client.post(url + "/v1/generate/tiny", json={"max_tokens": 2}).read()
-        [request] = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
-        servers_seen = _server_spans(captured, 1)
-        time.sleep(0.3)
+        [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+        _server_spans(captured, 1)
+        time.sleep(0.3)  # a second SERVER span, if any, would have ended with the first by now
         servers_seen = [s for s in captured.collect() if s.kind == trace.SpanKind.SERVER]
     assert 1 == len(servers_seen)
     assert servers_seen[0].context.span_id == request.parent.span_id
@@ -152,5 +146,5 @@ def test_disabled_integration_leaves_the_app_alone(capture_spans: Any) -> None:
     with capture_spans(integrations="tokenizers") as captured, servers.uvicorn_server(_app()) as url:
         with httpx.Client(timeout=30) as client:
             client.post(url + "/v1/generate/tiny", json={"max_tokens": 2}).read()
-        _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+        wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
         assert [] == [s for s in captured.collect() if s.kind == trace.SpanKind.SERVER]

@@ -3,7 +3,6 @@ Llama on the CPU: its requests as ``llm.request`` traces and its engine loop as 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ from opentelemetry import trace
 
 from llmtrace import semconv
 from llmtrace.testing import CapturedTelemetry
+from tests.helpers.waits import wait_for_spans
 
 pytestmark = pytest.mark.torch
 
@@ -47,13 +47,6 @@ def manager(capture_spans: Any) -> Iterator[tuple[Any, CapturedTelemetry]]:
             cb.stop(block=True)
 
 
-def _wait(captured: CapturedTelemetry, predicate: Any, count: int, timeout_s: float = 30.0) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = [s for s in captured.collect() if predicate(s)]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 def _attr(span: Any, key: str) -> Any:
@@ -75,7 +68,7 @@ def test_requests_and_steps_of_the_continuous_batching_loop(manager: tuple[Any, 
         result = cb.get_result(rid, timeout=120)
         assert result is not None and 5 + n == len(result.generated_tokens)
     requests = {_attr(s, semconv.LLM_REQUEST_ID): s
-                for s in _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST, 4) if s.attributes}
+                for s in wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 4) if s.attributes}
     steps = {_attr(s, semconv.LLM_STEP_ID): s for s in captured.spans if s.name == semconv.SPAN_STEP}
     for n, (rid, prompt) in enumerate(prompts.items()):
         request = requests[rid]
@@ -109,7 +102,7 @@ def test_a_cancelled_request_ends_as_abort(manager: tuple[Any, CapturedTelemetry
     outputs = cb.request_id_iter(rid)
     next(outputs)
     cb.cancel_request(rid)
-    [request] = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST
+    [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST
                       and s.attributes.get(semconv.LLM_REQUEST_ID) == "cb-cancel", 1)
     assert semconv.FINISH_ABORT == _attr(request, semconv.LLM_REQUEST_FINISH_REASON)
     assert trace.StatusCode.ERROR == request.status.status_code
@@ -122,7 +115,7 @@ def test_an_evicted_request_queues_again_and_keeps_its_token_count(manager: tupl
     output tokens (its restarted state counts only those after the eviction)."""
     cb, captured = manager
     rids = [cb.add_request(list(range(1, 9 + n)), request_id=f"cb-long-{n}", max_new_tokens=40) for n in range(4)]
-    requests = _wait(captured, lambda s: s.name == semconv.SPAN_REQUEST
+    requests = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST
                      and str(s.attributes.get(semconv.LLM_REQUEST_ID, "")).startswith("cb-long-"), len(rids))
     assert len(rids) == len(requests)
     assert all(40 == _attr(r, semconv.GEN_AI_USAGE_OUTPUT_TOKENS) for r in requests)

@@ -5,7 +5,7 @@ a real client."""
 
 from __future__ import annotations
 
-import gc
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,18 +16,14 @@ from opentelemetry import trace
 
 from llmtrace import semconv
 from llmtrace.testing import CapturedTelemetry
+from tests.helpers.waits import wait_for_spans
 
-pytestmark = [
-    pytest.mark.torch,
-    # Serve(non_blocking=True) runs uvicorn on an event loop its thread never closes (their
-    # code): the loop and its socket are reported unraisable when collected, after the test.
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
-]
+pytestmark = pytest.mark.torch
 
 
 @pytest.fixture(params=[True, False], ids=["continuous-batching", "generate"])
-def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: Any,
-           tmp_path: Path) -> Iterator[tuple[str, str, CapturedTelemetry]]:
+def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: Any, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, CapturedTelemetry]]:
     import httpx
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -45,6 +41,11 @@ def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: A
         model_dir = str(tmp_path / "tiny-llama")
         LlamaForCausalLM(config).save_pretrained(model_dir)
         tiny_tokenizer.save_pretrained(model_dir)
+        # Serve(non_blocking=True) runs uvicorn on an event loop its thread never closes (their
+        # code); keep hold of it to close it here, or it is reported unclosed in a later test.
+        loops: list[asyncio.AbstractEventLoop] = []
+        new_event_loop = asyncio.new_event_loop
+        monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_event_loop()) or loops[-1])
         port = servers.free_port()
         cb_options = {"cb_block_size": 16, "cb_num_blocks": 32} if request.param else {}
         server = Serve(force_model=model_dir, continuous_batching=request.param, device="cpu", host="127.0.0.1",
@@ -67,17 +68,10 @@ def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: A
             thread = getattr(server, "_thread", None)
             if thread is not None:
                 thread.join(30)
-            del server
-            gc.collect()  # its unclosed loop is reported here, under this module's filter, not in a later test
+            for loop in loops:
+                loop.close()
 
 
-def _wait(captured: CapturedTelemetry, predicate: Any, count: int, timeout_s: float = 30.0) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = [s for s in captured.collect() if predicate(s)]
-        if len(found) >= count or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
 
 
 def _is_request(span: Any) -> bool:
@@ -103,8 +97,8 @@ def test_completions_are_traced_from_the_server_span_down(served: tuple[str, str
             assert 200 == r.status_code
             chunks = [line for line in r.iter_lines() if line.startswith("data:")]
     assert chunks
-    requests = _wait(captured, _is_request, 2)
-    servers_by_id = {s.context.span_id: s for s in _wait(
+    requests = wait_for_spans(captured, _is_request, 2)
+    servers_by_id = {s.context.span_id: s for s in wait_for_spans(
         captured, lambda s: s.kind == trace.SpanKind.SERVER and s.name.endswith("/v1/completions"), 2)}
     assert 2 == len(requests)
     assert body["usage"]["completion_tokens"] == 8
@@ -136,6 +130,6 @@ def test_a_client_leaving_mid_stream_ends_the_request_as_abort(served: tuple[str
             "POST", url + "/v1/completions",
             json={"model": model_dir, "prompt": "tell me more", "max_tokens": 300, "stream": True}) as response:
         next(response.iter_lines())
-    [request] = _wait(captured, _is_request, 1)
+    [request] = wait_for_spans(captured, _is_request, 1)
     assert semconv.FINISH_ABORT == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
     assert request.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] < 300

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from llmtrace import _runtime
@@ -24,85 +25,66 @@ from llmtrace.integrations.grpc import _constants, extractors
 INTEGRATION = "grpc"
 
 
+@contextmanager
+def _rpc(context: Any = None) -> Iterator[_server.Exchange]:
+    """One RPC's exchange around its handler: the scope entered while the handler runs; the
+    handler's end finishes it, its exception ends it as ``error``, and the RPC going away — a
+    response generator closed early, a grpc.aio handler task cancelled, or (sync) the RPC
+    terminating first — as ``abort``."""
+    exchange = _server.Exchange()
+    if context is not None:
+        context.add_callback(exchange.disconnected)  # sync: runs at termination; a no-op once finished
+    exchange.enter()
+    try:
+        yield exchange
+    except (GeneratorExit, asyncio.CancelledError):
+        exchange.disconnected()
+        raise
+    except BaseException as exc:
+        exchange.finish(exc)
+        raise
+    finally:
+        exchange.exit()
+    exchange.finish()
+
+
+def _first_message(exchange: _server.Exchange) -> None:
+    if exchange.scope.first_byte_ns is None:
+        exchange.first_byte(True)
+
+
 def _unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
     def traced(request: Any, context: Any) -> Any:
-        exchange = _server.Exchange()
-        context.add_callback(exchange.disconnected)  # runs at termination; a no-op once finished
-        exchange.enter()
-        try:
-            response = behavior(request, context)
-        except BaseException as exc:
-            exchange.finish(exc)
-            raise
-        finally:
-            exchange.exit()
-        exchange.finish()
-        return response
+        with _rpc(context):
+            return behavior(request, context)
 
     return traced
 
 
 def _streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
     def traced(request: Any, context: Any) -> Iterator[Any]:
-        exchange = _server.Exchange()
-        context.add_callback(exchange.disconnected)
-        exchange.enter()
-        try:
+        with _rpc(context) as exchange:
             for message in behavior(request, context):
-                if exchange.scope.first_byte_ns is None:
-                    exchange.first_byte(True)
+                _first_message(exchange)
                 yield message
-        except GeneratorExit:
-            exchange.disconnected()
-            raise
-        except BaseException as exc:
-            exchange.finish(exc)
-            raise
-        finally:
-            exchange.exit()
-        exchange.finish()
 
     return traced
 
 
 def _aio_unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
     async def traced(request: Any, context: Any) -> Any:
-        exchange = _server.Exchange()
-        exchange.enter()
-        try:
-            response = await behavior(request, context)
-        except asyncio.CancelledError:
-            exchange.disconnected()
-            raise
-        except BaseException as exc:
-            exchange.finish(exc)
-            raise
-        finally:
-            exchange.exit()
-        exchange.finish()
-        return response
+        with _rpc():
+            return await behavior(request, context)
 
     return traced
 
 
 def _aio_streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
     async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
-        exchange = _server.Exchange()
-        exchange.enter()
-        try:
+        with _rpc() as exchange:
             async for message in behavior(request, context):
-                if exchange.scope.first_byte_ns is None:
-                    exchange.first_byte(True)
+                _first_message(exchange)
                 yield message
-        except (GeneratorExit, asyncio.CancelledError):
-            exchange.disconnected()
-            raise
-        except BaseException as exc:
-            exchange.finish(exc)
-            raise
-        finally:
-            exchange.exit()
-        exchange.finish()
 
     return traced
 
