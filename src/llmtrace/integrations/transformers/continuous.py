@@ -16,7 +16,8 @@ requests (offloaded to CPU or soft-reset) when the cache runs out. Each manager 
   eviction (``add_waiting_request`` of a request that had run: a preemption, a second
   ``llm.queue``);
 * each step is an ``llm.step`` with ``llm.schedule`` / ``llm.forward`` / ``llm.postprocess``
-  and its batch (request ids, prefill and decode tokens, waiting and running counts) —
+  and its batch (request ids, prefill and decode tokens, waiting and running counts, the
+  paged cache's usage) —
   in the synchronous mode only: with async batching (CUDA) a step's update handles the
   previous batch's outputs, so steps are not recorded there; requests still are.
 
