@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import wrapt
@@ -47,6 +47,21 @@ class Patches:
         setattr(parent, attribute, proxy)
         self._saved.append((parent, attribute, raw))
         return True
+
+    def wrap_all(self, targets: Sequence[tuple[str, str, Callable[..., Any]]]) -> list[str]:
+        """Wrap every ``(module, path, wrapper)`` of *targets*, or none of them: returns the
+        ``module.path`` of each one that is missing (then nothing was wrapped). For hooks into
+        a library's internals that only make sense together."""
+        missing = []
+        for module, path, _ in targets:
+            try:
+                wrapt.resolve_path(module, path)
+            except (AttributeError, ImportError):
+                missing.append(f"{module}.{path}")
+        if not missing:
+            for module, path, wrapper in targets:
+                self.wrap(module, path, wrapper)
+        return missing
 
     def set_attr(self, parent: Any, attribute: str, value: Any) -> None:
         """Replace an attribute outright (for hooks that are not function wrappers)."""

@@ -59,14 +59,6 @@ def _submit_in_context(wrapped: Any, instance: Any, args: tuple[Any, ...], kwarg
     return wrapped(functools.partial(contextvars.copy_context().run, args[0]), *args[1:], **kwargs)
 
 
-def _resolves(module: str, path: str) -> bool:
-    try:
-        wrapt.resolve_path(module, path)
-    except (AttributeError, ImportError):
-        return False
-    return True
-
-
 class TransformersInstrumentor(Instrumentor):
     name = "transformers"
     trigger = _constants.MODULE
@@ -139,13 +131,9 @@ class TransformersInstrumentor(Instrumentor):
     def _patch_continuous_batching(self) -> None:
         # All or nothing: these are library internals, and a half-patched engine would open
         # requests that nothing ends.
-        missing = [f"{module}.{path}" for module, path, _ in continuous.TARGETS if not _resolves(module, path)]
-        if missing:
+        if missing := self.patches.wrap_all(continuous.TARGETS):
             warn_once("transformers-cb-targets", "llmtrace: this transformers' continuous batching lacks %s; "
                       "not tracing it (requests through generate() still are)", ", ".join(missing))
-            return
-        for module, path, wrapper in continuous.TARGETS:
-            self.patches.wrap(module, path, wrapper)
 
     def _unpatch(self) -> None:
         from llmtrace.integrations.torch import patch as torch_patch
