@@ -27,6 +27,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import dataclasses
+import functools
 import importlib.util
 import shutil
 import signal
@@ -45,6 +47,10 @@ _STDLIB = frozenset(sys.stdlib_module_names) | {"<frozen runpy>", "<string>", "<
 
 #: Where the llmtrace the servers run lives (this tree, or another on PYTHONPATH for an A/B run).
 _SRC = Path(importlib.util.find_spec("llmtrace").origin or "").resolve().parents[1]  # type: ignore[union-attr]
+#: Import roots, longest first, so a path is cut at the innermost one (this tree's src/, then
+#: site-packages, then the standard library).
+_IMPORT_ROOTS = sorted({f"{_SRC}/", *(f"{Path(p).resolve()}/" for p in sys.path if p and Path(p).is_dir())},
+                       key=len, reverse=True)
 #: Source lines of llmtrace where the innermost *Python* frame is ours but the time is not
 #: our work: a GIL hand-off or an empty-queue wait (py-spy counts a thread that is runnable
 #: but not on a CPU as active), or a call into the wrapped function (C code, e.g. a Rust
@@ -53,39 +59,77 @@ _WAIT_MARKERS = ("time.sleep(", ".wait(", "_queue.get(")
 _CALL_THROUGH_MARKERS = ("wrapped(*args, **kwargs)",)
 
 
-def _source_line(path: str, line: int) -> str:
+@functools.cache
+def _source_lines(path: str) -> list[str]:
     try:
-        return (_SRC / path).read_text().splitlines()[line - 1]
-    except (OSError, IndexError):
-        return ""
+        return Path(path).read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _source_line(path: str, line: int) -> str:
+    lines = _source_lines(path)
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def module_path(path: str) -> str:
+    """A py-spy ``--full-filenames`` path relative to the import root it was found under:
+    ``opentelemetry/instrumentation/asgi/__init__.py``, ``llmtrace/_export.py``, ``json/decoder.py``.
+
+    py-spy's own shortening keeps only the package part of an ``__init__.py`` (``asgi/__init__.py``),
+    which would count OpenTelemetry's instrumentations as the application's code."""
+    for root in _IMPORT_ROOTS:
+        if path.startswith(root):
+            return path[len(root):]
+    _, marker, rest = path.rpartition("-packages/")  # another environment's site- or dist-packages
+    return rest if marker else path
 
 
 def classify(frame: str) -> str:
-    """'ours', 'wait', 'stdlib' or 'app' for one py-spy frame, ``func (path/to/file.py:LINE)``."""
+    """'ours', 'wait', 'stdlib' or 'app' for one py-spy frame, ``func (/full/path/to/file.py:LINE)``."""
     location = frame.rsplit(" (", 1)[-1].rstrip(")")
-    path, _, line = location.rpartition(":")
+    full_path, _, line = location.rpartition(":")
+    path = module_path(full_path)
     top = path.split("/", 1)[0].removesuffix(".py")
-    if top == "llmtrace":
-        if path.startswith("llmtrace/server/"):
-            return "app"
-        text = _source_line(path, int(line)) if line.isdigit() else ""
+    if path.startswith("llmtrace/server/"):
+        return "app"
+    if top in _TELEMETRY:
+        text = _source_line(full_path, int(line)) if line.isdigit() else ""
         if any(marker in text for marker in _WAIT_MARKERS):
             return "wait"
         return "app" if any(marker in text for marker in _CALL_THROUGH_MARKERS) else "ours"
-    if top in _TELEMETRY:
-        return "ours"
     if top in _STDLIB or path.startswith("<frozen"):
         return "stdlib"
     return "app"
 
 
-def attribute(raw: Path) -> tuple[int, dict[str, int], dict[str, int], collections.Counter[str], int]:
-    """Total samples, samples per process, llmtrace's samples per process, llmtrace's by frame,
-    and samples of llmtrace's threads at a GIL hand-off or queue wait."""
-    total = waits = 0
-    per_process: dict[str, int] = collections.Counter()
-    ours: dict[str, int] = collections.Counter()
-    frames: collections.Counter[str] = collections.Counter()
+def owner(frames: list[str]) -> str:
+    """Whose work a sample counted as ours is, from its frames (outermost first, innermost ours
+    last): ``otel-instrumentation`` when it runs inside one of OpenTelemetry's instrumentations
+    (the ASGI middleware that makes the SERVER span, its metrics) with no llmtrace frame in
+    between, else ``llmtrace`` (llmtrace's code and the OTel SDK parts it drives)."""
+    for frame in reversed(frames):
+        path = module_path(frame.rsplit(" (", 1)[-1].rpartition(":")[0])
+        if path.startswith("llmtrace/"):
+            return "llmtrace"
+        if path.startswith("opentelemetry/instrumentation/"):
+            return "otel-instrumentation"
+    return "llmtrace"
+
+
+@dataclasses.dataclass
+class Attribution:
+    total: int = 0
+    waits: int = 0  # samples of llmtrace's threads at a GIL hand-off or queue wait
+    per_process: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    ours: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # per process
+    owners: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # per (process, owner)
+    frames: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # innermost ours
+
+
+def attribute(raw: Path) -> Attribution:
+    """Count a py-spy raw profile's samples: all, per process, and llmtrace's (by owner and frame)."""
+    result = Attribution()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not count.isdigit():
@@ -93,20 +137,24 @@ def attribute(raw: Path) -> tuple[int, dict[str, int], dict[str, int], collectio
         n = int(count)
         parts = stack.split(";")
         process = "engine" if sum(p.startswith("process ") for p in parts) > 1 else "front end"
-        total += n
-        per_process[process] += n
-        for frame in reversed([p for p in parts if not p.startswith("process ")]):
+        result.total += n
+        result.per_process[process] += n
+        frames = [p for p in parts if not p.startswith("process ")]
+        for index in range(len(frames) - 1, -1, -1):
+            frame = frames[index]
             kind = classify(frame)
             if kind == "wait":
-                waits += n
+                result.waits += n
                 break
             if kind == "ours":
-                ours[process] += n
-                frames[f"{process}: {frame}"] += n
+                result.ours[process] += n
+                result.owners[f"{process}, {owner(frames[:index + 1])}"] += n
+                func, _, location = frame.rpartition(" (")
+                result.frames[f"{process}: {func} ({module_path(location)}"] += n
                 break
             if kind == "app":
                 break
-    return total, per_process, ours, frames, waits
+    return result
 
 
 def main() -> int:
@@ -118,7 +166,12 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=15, help="llmtrace frames to list")
     parser.add_argument("--keep", default="", help="copy the raw profile here")
+    parser.add_argument("--reattribute", default="", metavar="RAW",
+                        help="only attribute a profile kept with --keep (py-spy --full-filenames) again")
     args = parser.parse_args()
+    if args.reattribute:
+        report(args, attribute(Path(args.reattribute)))
+        return 0
     spy = shutil.which("py-spy")
     if spy is None:
         print("py-spy is not installed: pip install py-spy", file=sys.stderr)
@@ -130,7 +183,8 @@ def main() -> int:
             asyncio.run(ref._load(server.url, args.concurrency, args.concurrency, 4))  # warm-up
             time.sleep(1.5)
             sampler = subprocess.Popen([spy, "record", "--format", "raw", "-o", str(raw), "-r", str(args.rate),
-                                        "--subprocesses", "--nonblocking", "-p", str(server.proc.pid)],
+                                        "--subprocesses", "--nonblocking", "--full-filenames",
+                                        "-p", str(server.proc.pid)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             time.sleep(2.0)  # py-spy attaches to both processes
             cpu_before = server.cpu()
@@ -149,22 +203,31 @@ def main() -> int:
             return 1
         if args.keep:
             shutil.copy(raw, args.keep)
-        total, per_process, ours, frames, waits = attribute(raw)
+        attributed = attribute(raw)
     cpu = cpu_after[0] - cpu_before[0]
-    share = sum(ours.values()) / total if total else 0.0
     print(f"{args.arm}: {args.requests} streaming requests x {args.max_tokens} tokens, concurrency "
           f"{args.concurrency}: {tokens} tokens in {elapsed:.1f} s; server CPU {cpu:.1f} s, of it llmtrace's "
           f"threads (self-measured) {(cpu_after[1] - cpu_before[1]) / cpu:.2%}")
-    print(f"py-spy: {total} samples; llmtrace's (innermost non-stdlib frame is llmtrace/OTel): {share:.2%}"
-          f"  -> implied throughput ratio {1 - share:.3f}")
-    print(f"  not counted: {waits / total:.2%} of samples with llmtrace's threads at a GIL hand-off or an "
-          "empty-queue wait (runnable or blocked, not working)")
-    for process in sorted(per_process):
-        print(f"  {process:<9} {ours[process] / per_process[process]:6.2%} of its {per_process[process]} samples")
-    print(f"top {args.top} llmtrace frames (share of all samples):")
-    for frame, n in frames.most_common(args.top):
-        print(f"  {n / total:6.2%}  {frame}")
+    report(args, attributed)
     return 0
+
+
+def report(args: argparse.Namespace, counted: Attribution) -> None:
+    total = counted.total or 1
+    share = sum(counted.ours.values()) / total
+    print(f"py-spy: {counted.total} samples; llmtrace's (innermost non-stdlib frame is llmtrace/OTel): {share:.2%}"
+          f"  -> implied throughput ratio {1 - share:.3f}")
+    print(f"  not counted: {counted.waits / total:.2%} of samples with llmtrace's threads at a GIL hand-off or an "
+          "empty-queue wait (runnable or blocked, not working)")
+    for process in sorted(counted.per_process):
+        print(f"  {process:<9} {counted.ours[process] / counted.per_process[process]:6.2%} of its "
+              f"{counted.per_process[process]} samples")
+    print("by owner (share of all samples):")
+    for key, n in sorted(counted.owners.items()):
+        print(f"  {n / total:6.2%}  {key}")
+    print(f"top {args.top} llmtrace frames (share of all samples):")
+    for frame, n in counted.frames.most_common(args.top):
+        print(f"  {n / total:6.2%}  {frame}")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,17 @@ def test_gzip_is_detected_by_content(tmp_path: Path) -> None:
     assert 1 == len(load_spans(path).spans)
 
 
+@pytest.mark.parametrize("layout", ["lines", "pretty", "gzip"])
+def test_a_utf8_byte_order_mark_is_skipped(tmp_path: Path, layout: str) -> None:
+    """Files saved by Windows tools (PowerShell's Out-File, Notepad) start with a UTF-8 BOM."""
+    body = (json.dumps(doc(otlp_span()), indent=2) if layout == "pretty" else json.dumps(doc(otlp_span())) + "\r\n")
+    data = b"\xef\xbb\xbf" + body.encode()
+    path = tmp_path / "saved.json"
+    path.write_bytes(gzip.compress(data) if layout == "gzip" else data)
+    [span] = load_spans(str(path)).spans
+    assert (TID, SID) == (span.trace_id, span.span_id)
+
+
 def test_saved_jaeger_v3_stream_of_result_objects(tmp_path: Path) -> None:
     """A /api/v3/traces response streams several {"result": ...} objects back to back."""
     chunks = [{"result": doc(otlp_span())}, {"result": doc(otlp_span(spanId="2" * 16))}]

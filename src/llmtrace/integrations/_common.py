@@ -240,7 +240,7 @@ def _decode_observed() -> bool:
             return handle.recording
         scope = current_scope()
         if scope is not None:
-            return trace.get_current_span(scope.context).is_recording() or any(h.recording for h in scope.handles)
+            return scope.recording()
         return _current_span_recording()
     except Exception as exc:  # noqa: BLE001 - counted; the decode is then timed as before
         record_error("detokenize.observed", exc)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
@@ -61,7 +62,8 @@ class DeferredFinish:
 class ServerScope:
     """One incoming call, from the network handler's point of view."""
 
-    __slots__ = ("arrival_ns", "closed", "closed_ns", "context", "deferred", "first_byte_ns", "handles", "pending")
+    __slots__ = ("_recording", "_recording_for", "arrival_ns", "closed", "closed_ns", "context", "deferred",
+                 "first_byte_ns", "handles", "pending")
 
     def __init__(self, arrival_ns: int | None = None, context: otel_context.Context | None = None) -> None:
         self.arrival_ns = monotonic_ns() if arrival_ns is None else arrival_ns
@@ -72,10 +74,23 @@ class ServerScope:
         self.first_byte_ns: int | None = None
         self.closed = False
         self.closed_ns: int | None = None
+        self._recording = False
+        self._recording_for = -1  # len(handles) when _recording was computed: -1, never
 
     # ------------------------------------------------------------------ requests
     def register(self, handle: RequestHandle) -> None:
         self.handles.append(handle)
+
+    def recording(self) -> bool:
+        """Whether anything of this call is sampled: its span (the SERVER span) or a request
+        opened in it. Asked per streamed token (a decode's time is only worth taking when it
+        lands on a span), so cached until another request registers; a span's sampling
+        decision never changes."""
+        if self._recording_for != len(self.handles):
+            self._recording = (trace.get_current_span(self.context).is_recording()
+                               or any(handle.recording for handle in self.handles))
+            self._recording_for = len(self.handles)
+        return self._recording
 
     def open_handles(self) -> list[RequestHandle]:
         return [h for h in self.handles if h.finish_ns is None]

@@ -99,6 +99,9 @@ def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
     return raw, raw, size
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
 def iter_file_spans(path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None) -> Iterator[Span]:
     """Stream the spans of a trace file; raise :class:`SourceError` on unreadable input."""
     for batch in iter_file_batches(path, stats=stats, progress=progress):
@@ -117,7 +120,7 @@ def iter_file_batches(
         raise SourceError(path, exc.strerror or str(exc)) from None
     lineno = 0
     try:
-        first = stream.readline()
+        first = stream.readline().removeprefix(_UTF8_BOM)  # saved by Windows tools (PowerShell, Notepad)
         lineno = 1
         while first and not first.strip():
             first = stream.readline()
