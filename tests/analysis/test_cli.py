@@ -186,3 +186,27 @@ def test_demo_and_doctor_are_registered(capsys: pytest.CaptureFixture[str]) -> N
     ) == (3.0, 5, 2, "x.jsonl", True)
     args = build_parser().parse_args(["doctor", "--json", "--endpoint", "http://x:4317"])
     assert (True, "http://x:4317") == (args.json, args.endpoint)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["demo", "--concurrency", "0"], "argument --concurrency: 0 is out of range: must be >= 1"),  # hung
+        (["demo", "--duration-s", "-1"], "argument --duration-s: -1 is out of range: must be > 0"),
+        (["demo", "--duration-s", "inf"], "argument --duration-s: inf is not a finite number"),
+        (["demo", "--requests", "0"], "argument --requests: 0 is out of range"),  # was read as "no limit"
+        (["compare", "a", "b", "--threshold", "-1"], "argument --threshold: -1 is out of range: must be >= 0"),
+        (["compare", "a", "b", "--alpha", "2"], "argument --alpha: 2 is out of range: must be > 0 and < 1"),
+        (["analyze", "x", "--limit", "0"], "argument --limit: 0 is out of range: must be >= 1"),
+        (["analyze", "x", "--anomalies", "many"], "argument --anomalies: 'many' is not an integer"),
+    ],
+)
+def test_out_of_range_options_are_usage_errors(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A number the command cannot use is refused before anything runs, naming the option and the
+    range (a negative --threshold flagged identical runs as regressions; --concurrency 0 hung)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert 2 == exit_info.value.code
+    assert expected in capsys.readouterr().err

@@ -8,6 +8,7 @@ an unreachable Jaeger — ends as one line on stderr and exit code 2, never a tr
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -63,6 +64,32 @@ exit codes: 0 no regression, 1 regression, 2 bad input
 """
 
 
+def _number(kind: Callable[[str], float], *, above: float | None = None, at_least: float | None = None,
+            below: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: *kind* of the text, within the bounds, else a usage error saying which."""
+    bounds = " and ".join(text for text in (f"> {above:g}" if above is not None else "",
+                                            f">= {at_least:g}" if at_least is not None else "",
+                                            f"< {below:g}" if below is not None else "") if text)
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if ((above is not None and not value > above) or (at_least is not None and not value >= at_least)
+                or (below is not None and not value < below)):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {bounds}")
+        return value
+
+    return parse
+
+
+_POSITIVE_INT = _number(int, at_least=1)
+_NON_NEGATIVE_INT = _number(int, at_least=0)
+
+
 def _add_analyze(sub: Any) -> None:
     p = sub.add_parser(
         "analyze",
@@ -82,7 +109,7 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument("--until", metavar="TIME", help="window end (default: now)")
     p.add_argument(
         "--limit",
-        type=int,
+        type=_POSITIVE_INT,
         default=1000,
         metavar="N",
         help="traces per Jaeger query; full windows are split and re-fetched (default 1000)",
@@ -94,7 +121,7 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     p.add_argument(
         "--overlap-allowance-ms",
-        type=float,
+        type=_number(float, at_least=0.0),
         default=0.0,
         metavar="MS",
         help="critical path: let a child overlap the next one by this much (default 0)",
@@ -102,7 +129,7 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument(
         "--no-skew-adjust", action="store_true", help="do not shift cross-process children into parents"
     )
-    p.add_argument("--anomalies", type=int, default=5, metavar="N", help="anomalies shown in the report")
+    p.add_argument("--anomalies", type=_NON_NEGATIVE_INT, default=5, metavar="N", help="anomalies shown in the report")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no report (files only)")
     p.set_defaults(func=_lazy("llmtrace.cli._analyze", "run_analyze"))
 
@@ -118,12 +145,36 @@ def _add_compare(sub: Any) -> None:
     p.add_argument("base", metavar="BASE")
     p.add_argument("current", metavar="CURRENT")
     p.add_argument(
-        "--threshold", type=float, default=0.10, help="relative worsening that fails (default 0.10)"
+        "--threshold", type=_number(float, at_least=0.0), default=0.10,
+        help="relative worsening that fails (default 0.10)",
     )
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05)")
+    p.add_argument("--alpha", type=_number(float, above=0.0, below=1.0), default=0.05,
+                   help="significance level (default 0.05)")
     p.add_argument("--json", metavar="PATH", help='write the comparison as JSON ("-" for stdout)')
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no table")
     p.set_defaults(func=_lazy("llmtrace.cli._compare", "run_compare"))
+
+
+_DEMO_DESCRIPTION = """\
+Trace a real (tiny) LLM server under load and show what the traces say — no GPU, no Docker.
+
+It starts llmtrace's reference server on loopback — an OpenAI-compatible FastAPI front end and
+a continuous-batching engine in its own process, running a random-weight GPT-2 with a KV-cache
+budget small enough that bursts force preemption — instruments both with llmtrace, and sends
+it a bounded load: a steady stream, a burst, long-tail prompt lengths, a few clients that hang
+up mid-stream. Every span goes to an OTLP JSON lines file (and also to an OTLP collector when
+OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set); then the report of `llmtrace
+analyze` on that file is printed: latency, phase breakdown, critical path, GPU idle gaps,
+the bottleneck and anomalies."""
+
+_DEMO_EPILOG = """\
+examples:
+  llmtrace demo                                             # ~1 minute on 2 cores
+  llmtrace demo --duration-s 10                             # a quick look
+  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html
+  OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 llmtrace demo   # also to Jaeger via the collector
+  llmtrace analyze llmtrace-demo-traces.jsonl --json summary.json   # the traces again, later
+"""
 
 
 def _add_demo(sub: Any) -> None:
@@ -131,17 +182,19 @@ def _add_demo(sub: Any) -> None:
         "demo",
         help="run the reference server traced, with load, then analyse",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="example:\n  llmtrace demo --duration-s 30 --concurrency 8 --html demo.html\n",
+        description=_DEMO_DESCRIPTION,
+        epilog=_DEMO_EPILOG,
     )
     p.add_argument(
         "--duration-s",
-        type=float,
+        type=_number(float, above=0.0),
         default=40.0,
         help="load duration in seconds (default 40: about a minute in all on 2 cores)",
     )
-    p.add_argument("--requests", type=int, default=None, help="stop after this many requests")
-    p.add_argument("--concurrency", type=int, default=32, help="most requests in flight at once (default 32)")
-    p.add_argument("--output", metavar="PATH", default=None, help="trace file to write (OTLP JSON lines)")
+    p.add_argument("--requests", type=_POSITIVE_INT, default=None, help="stop after this many requests")
+    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32, help="most requests in flight at once (default 32)")
+    p.add_argument("--output", metavar="PATH", default=None,
+                   help="trace file to write, OTLP JSON lines (default llmtrace-demo-traces.jsonl; replaced)")
     p.add_argument("--no-analysis", action="store_true", help="only produce traces")
     p.add_argument("--html", metavar="PATH", help="write the HTML report")
     p.add_argument("--json", metavar="PATH", help="write the JSON summary")
