@@ -210,3 +210,25 @@ def test_server_scope_recording_is_cached_until_a_request_registers(captured: Ca
         exit_scope(token)
     first.finished()
     second.finished()
+
+
+def test_a_carrier_that_is_no_mapping_never_raises(captured: Captured, caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine that carries only the traceparent value gets it honoured; one that carries something
+    else entirely (a list, a number) gets a new trace and one log line — no exception into its loop."""
+    from llmtrace import _safety
+
+    monkeypatch.setattr(_safety, "_warned", set())  # once per process: other tests may have logged it
+    trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    tracker = RequestTracker()
+    tracker.add("bare", carrier=f"00-{trace_id}-{parent_id}-01")
+    with caplog.at_level(logging.WARNING, logger="llmtrace"):
+        tracker.add("junk", carrier=[("traceparent",)])  # type: ignore[arg-type]
+    tracker.finished("bare")
+    tracker.finished("junk")
+    by_id = {span.attributes[semconv.LLM_REQUEST_ID]: span for span in captured.named(semconv.SPAN_REQUEST)}
+    assert by_id.keys() == {"junk"}  # "bare" has a carrier: its llm.request is the other process's span
+    assert by_id["junk"].parent is None
+    [queue] = [span for span in captured.named(semconv.SPAN_QUEUE) if span.context.trace_id == int(trace_id, 16)]
+    assert int(parent_id, 16) == queue.parent.span_id
+    assert any("malformed trace carrier" in record.getMessage() for record in caplog.records)

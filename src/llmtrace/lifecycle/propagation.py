@@ -26,14 +26,18 @@ def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
     return carrier
 
 
-def extract(carrier: Mapping[str, str] | None) -> otel_context.Context:
-    """The context a carrier describes; an empty one (and one warning) if it is malformed."""
+def extract(carrier: Mapping[str, str] | str | None) -> otel_context.Context:
+    """The context a carrier describes; an empty one (and one warning) if it is malformed.
+
+    A bare string is taken as the ``traceparent`` header's value (engines that carry only that)."""
     if not carrier:
         return otel_context.Context()
+    if isinstance(carrier, str):
+        carrier = {"traceparent": carrier}
     try:
         ctx = _PROPAGATOR.extract(dict(carrier), context=otel_context.Context())
-    except Exception:  # noqa: BLE001 - a foreign carrier is untrusted input
+    except Exception:  # noqa: BLE001 - a foreign carrier is untrusted input (not even a mapping, maybe)
         ctx = otel_context.Context()
     if not trace.get_current_span(ctx).get_span_context().is_valid:
-        warn_once("bad-carrier", "llmtrace: ignoring a malformed trace carrier %r", dict(carrier))
+        warn_once("bad-carrier", "llmtrace: ignoring a malformed trace carrier %r", carrier)
     return ctx

@@ -307,7 +307,7 @@ def start_request(
     top_p: float | None = None,
     stream: bool | None = None,
     operation: str = "text_completion",
-    carrier: Mapping[str, str] | None = None,
+    carrier: Mapping[str, str] | str | None = None,
     owns_span: bool = True,
     prompt: str | None = None,
     attributes: Mapping[str, Any] | None = None,
@@ -322,6 +322,8 @@ def start_request(
     rid = request_id or uuid.uuid4().hex
     arrival = monotonic_ns() if arrival_ns is None else arrival_ns
     parent = extract(carrier) if carrier else otel_context.get_current()
+    if carrier and not owns_span and not trace.get_current_span(parent).get_span_context().is_valid:
+        owns_span = True  # the carrier was unusable (logged): no other process's span to hang the phases on
     settings = _runtime.settings()
     attrs = _request_attributes(model, max_tokens, temperature, top_p, operation, stream, rid, attributes)
     text = prompt if settings.capture_content else None

@@ -23,7 +23,7 @@ class RequestTracker:
     def __len__(self) -> int:
         return len(self._open)
 
-    def add(self, request_id: str, *, carrier: Mapping[str, str] | None = None,
+    def add(self, request_id: str, *, carrier: Mapping[str, str] | str | None = None,
             arrival_ns: int | None = None, queued_ns: int | None = None, **attrs: Any) -> RequestHandle:
         """A request reached the engine and waits in its queue (from *queued_ns*, default its arrival).
 
