@@ -232,3 +232,45 @@ def test_a_carrier_that_is_no_mapping_never_raises(captured: Captured, caplog: p
     [queue] = [span for span in captured.named(semconv.SPAN_QUEUE) if span.context.trace_id == int(trace_id, 16)]
     assert int(parent_id, 16) == queue.parent.span_id
     assert any("malformed trace carrier" in record.getMessage() for record in caplog.records)
+
+
+def test_spans_follow_a_wall_clock_that_moves_against_the_monotonic_one(
+        captured: Captured, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NTP slews the wall clock and a VM's clock is corrected (5 ms/s on the CI VM) or stepped:
+    llmtrace's spans, converted from monotonic time, stay aligned with the SDK's, which read the
+    wall clock (a request never starts before its SERVER span), and one request's spans share
+    one offset, so their nesting is exactly the monotonic one."""
+    import time
+
+    from llmtrace import _runtime
+    from llmtrace.lifecycle import clock
+
+    real_time_ns = time.time_ns
+    step = [0]
+    monkeypatch.setattr(time, "time_ns", lambda: real_time_ns() + step[0])
+    clock.reset_offset()
+    step[0] = 250_000_000  # the wall clock jumps 250 ms after the offset was first taken
+    # The SDK reads the wall clock for its own spans (its clock function is bound at import,
+    # so it is given the moved wall clock explicitly here).
+    with _runtime.tracer().start_as_current_span("POST /v1/completions", start_time=time.time_ns()):
+        arrival = clock.monotonic_ns()
+        handle = start_request("drift", arrival_ns=arrival)
+        handle.queued(arrival + 1_000_000)
+        handle.scheduled(at_ns=arrival + 3_000_000)
+        handle.token(at_ns=arrival + 5_000_000)
+        step[0] += 5_000_000  # and keeps moving while the request runs
+        handle.token(at_ns=arrival + 9_000_000)
+        handle.finished(at_ns=arrival + 10_000_000)
+    monkeypatch.setattr(time, "time_ns", real_time_ns)
+    clock.reset_offset()
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    (server,) = captured.named("POST /v1/completions")
+    assert request.parent is not None and server.context is not None
+    assert request.parent.span_id == server.context.span_id
+    assert request.start_time is not None and server.start_time is not None
+    assert abs(request.start_time - server.start_time) < 5_000_000  # 250 ms apart with a start-up offset
+    (queue,) = captured.named(semconv.SPAN_QUEUE)
+    (decode,) = captured.named(semconv.SPAN_DECODE)
+    assert 1_000_000 == queue.start_time - request.start_time
+    assert 10_000_000 == request.end_time - request.start_time
+    assert (5_000_000, 9_000_000) == (decode.start_time - request.start_time, decode.end_time - request.start_time)

@@ -32,7 +32,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded, record_error
-from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
 from llmtrace.lifecycle.request import current_request
 from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
 
@@ -71,15 +71,18 @@ def capture_text(text: Any) -> str | None:
 
 
 def live_span(name: str, parent: otel_context.Context | None, start_ns: int, end_ns: int,
-              attributes: dict[str, Any], error: BaseException | None = None) -> None:
-    """A finished span with explicit monotonic start/end, as a child of *parent*."""
-    span = _runtime.tracer().start_span(name, context=parent, start_time=to_wall_ns(start_ns))
+              attributes: dict[str, Any], error: BaseException | None = None, offset: int | None = None) -> None:
+    """A finished span with explicit monotonic start/end, as a child of *parent* (converted with
+    *offset*, its parent's, or one recent offset for both ends: the duration stays exact)."""
+    end_ns = max(start_ns, end_ns)
+    offset = recent_offset_ns(end_ns) if offset is None else offset
+    span = _runtime.tracer().start_span(name, context=parent, start_time=to_wall_ns(start_ns, offset))
     if span.is_recording():
         span.set_attributes(attributes)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
             span.record_exception(error)
-    span.end(end_time=to_wall_ns(max(start_ns, end_ns)))
+    span.end(end_time=to_wall_ns(end_ns, offset))
 
 
 def _current_span_recording() -> bool:
@@ -168,7 +171,7 @@ def emit_pending(scope: ServerScope) -> None:
     """Unclaimed encodes of a finished server call: ``llm.tokenize`` under the SERVER span."""
     for item in scope.take_pending():
         live_span(semconv.SPAN_TOKENIZE, scope.context, item.start_ns, item.end_ns,
-                  _tokenize_attrs(item.tokens, item.batch, item.tokenizer_class))
+                  _tokenize_attrs(item.tokens, item.batch, item.tokenizer_class), offset=scope.wall_offset_ns)
 
 
 # --------------------------------------------------------------------------- wrappers

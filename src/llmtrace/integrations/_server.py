@@ -17,7 +17,7 @@ from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import emit_pending
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
+from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_mono_ns
 from llmtrace.lifecycle.scope import ServerScope, enter_scope, exit_scope
 
 _current_exchange: contextvars.ContextVar[Exchange | None] = contextvars.ContextVar(
@@ -37,8 +37,9 @@ class Exchange:
         self.span = trace.get_current_span()
         # The call arrived when the SERVER span started (before routing and body parsing).
         started = getattr(self.span, "start_time", None)
-        arrival = min(to_mono_ns(started), monotonic_ns()) if isinstance(started, int) else None
-        self.scope = ServerScope(arrival_ns=arrival)
+        offset = offset_ns()
+        arrival = min(to_mono_ns(started, offset), monotonic_ns()) if isinstance(started, int) else None
+        self.scope = ServerScope(arrival_ns=arrival, wall_offset_ns=offset)
         self.complete = False
         self._token: contextvars.Token[ServerScope | None] | None = None
         self._exchange_token: contextvars.Token[Exchange | None] | None = None

@@ -49,7 +49,7 @@ from llmtrace._gpu_hook import energy_available
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
 from llmtrace.lifecycle.request import RequestHandle
 from llmtrace.lifecycle.tracker import RequestTracker
 
@@ -183,11 +183,14 @@ class StepRecord:
 
 
 class _Window:
-    __slots__ = ("gcs", "sampled", "start_ns", "steps")
+    __slots__ = ("gcs", "sampled", "start_ns", "steps", "wall_offset_ns")
 
     def __init__(self, start_ns: int, sampled: bool) -> None:
         self.start_ns = start_ns
         self.sampled = sampled
+        # One offset for the window's spans (see lifecycle/clock.py): taken when it opens,
+        # as a request takes one when it starts, so steps and requests of the same moment agree.
+        self.wall_offset_ns = offset_ns()
         self.steps: list[StepRecord] = []
         self.gcs: list[tuple[int, int, int, int]] = []
 
@@ -315,11 +318,11 @@ def _forward_timer() -> Any:
     return ForwardTimer() if cuda_in_use() else None
 
 
-def _gpu_timing_attributes(timing: Any) -> dict[str, Any]:
+def _gpu_timing_attributes(timing: Any, offset: int) -> dict[str, Any]:
     attrs: dict[str, Any] = {semconv.LLM_FORWARD_GPU_TIME_S: timing.gpu_time_s}
     if timing.gpu_start_mono_ns is not None and timing.gpu_end_mono_ns is not None:
-        attrs[semconv.LLM_FORWARD_GPU_START_NS] = to_wall_ns(timing.gpu_start_mono_ns)
-        attrs[semconv.LLM_FORWARD_GPU_END_NS] = to_wall_ns(timing.gpu_end_mono_ns)
+        attrs[semconv.LLM_FORWARD_GPU_START_NS] = to_wall_ns(timing.gpu_start_mono_ns, offset)
+        attrs[semconv.LLM_FORWARD_GPU_END_NS] = to_wall_ns(timing.gpu_end_mono_ns, offset)
     return attrs
 
 
@@ -389,9 +392,10 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
     if not window.sampled:
         return
     spans = emit.current()
+    offset = window.wall_offset_ns
     max_links = _runtime.settings().max_links
     start, end = window.steps[0].start_ns, window.steps[-1].end_ns
-    root = spans.open(semconv.SPAN_ENGINE, None, to_wall_ns(start),
+    root = spans.open(semconv.SPAN_ENGINE, None, to_wall_ns(start, offset),
                       {semconv.LLM_ENGINE_ID: engine_id, semconv.LLM_ENGINE_WINDOW_STEPS: len(window.steps)})
     if root is None:
         return
@@ -401,7 +405,8 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
         pause()
         attrs = _step_attributes(engine_id, step)
         attrs.update(span_attributes_for(step.start_ns, step.end_ns))
-        span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns), attrs, _links(step, max_links))
+        span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns, offset), attrs,
+                          _links(step, max_links))
         if span is None:
             continue
         step_ctx = span.get_span_context()
@@ -412,14 +417,14 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
                 phase_attrs[semconv.LLM_ENGINE_ID] = engine_id
                 phase_attrs.update(span_attributes_for(p_start, p_end))
                 if (timing := gpu_timings.get(step.step_id)) is not None:
-                    phase_attrs.update(_gpu_timing_attributes(timing))
-            if (child := spans.open(span_name, step_ctx, to_wall_ns(p_start), phase_attrs)) is not None:
-                spans.close(child, to_wall_ns(p_end))
-        spans.close(span, to_wall_ns(step.end_ns))
+                    phase_attrs.update(_gpu_timing_attributes(timing, offset))
+            if (child := spans.open(span_name, step_ctx, to_wall_ns(p_start, offset), phase_attrs)) is not None:
+                spans.close(child, to_wall_ns(p_end, offset))
+        spans.close(span, to_wall_ns(step.end_ns, offset))
     for g_start, g_end, generation, collected in window.gcs:
-        gc_span = spans.open(semconv.SPAN_GC, root_ctx, to_wall_ns(g_start),
+        gc_span = spans.open(semconv.SPAN_GC, root_ctx, to_wall_ns(g_start, offset),
                              {semconv.LLM_GC_GENERATION: generation, semconv.LLM_GC_COLLECTED: collected,
                               semconv.LLM_ENGINE_ID: engine_id})
         if gc_span is not None:
-            spans.close(gc_span, to_wall_ns(g_end))
-    spans.close(root, to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end))
+            spans.close(gc_span, to_wall_ns(g_end, offset))
+    spans.close(root, to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end, offset))

@@ -127,10 +127,10 @@ def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -
     return attrs
 
 
-def _child(spans: FinishedSpans, parent: trace.SpanContext, name: str, start: int, end: int,
+def _child(spans: FinishedSpans, parent: trace.SpanContext, offset: int, name: str, start: int, end: int,
            attributes: dict[str, Any] | None = None) -> None:
-    if (span := spans.open(name, parent, to_wall_ns(start), attributes)) is not None:
-        spans.close(span, to_wall_ns(max(start, end)))
+    if (span := spans.open(name, parent, to_wall_ns(start, offset), attributes)) is not None:
+        spans.close(span, to_wall_ns(max(start, end), offset))
 
 
 def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
@@ -160,16 +160,17 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
     parent = rec.span.get_span_context() if rec.span is not None else \
         trace.get_current_span(rec.context()).get_span_context()
     for start, end, tokens in rec.tokenize:
-        _child(spans, parent, semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
+        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_TOKENIZE, start, end,
+               {semconv.LLM_TOKENIZE_TOKENS: tokens})
     if rec.remote_phases:
         phases = Phases([], None, None, 0)
     for index, (start, end) in enumerate(phases.queues):
-        _child(spans, parent, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
+        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
     if phases.prefill:
         prefill_attrs = {semconv.GEN_AI_USAGE_INPUT_TOKENS: rec.prompt_tokens} if rec.prompt_tokens else None
-        _child(spans, parent, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
+        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
     if phases.decode:
-        _child(spans, parent, semconv.SPAN_DECODE, *phases.decode,
+        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_DECODE, *phases.decode,
                {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: rec.output_tokens})
     span: Span | None = rec.span
     if span is None or not rec.owns_span:
@@ -183,4 +184,4 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
             span.record_exception(error)
     elif rec.finish_reason == semconv.FINISH_ABORT:
         span.set_status(Status(StatusCode.ERROR, "aborted"))
-    span.end(end_time=to_wall_ns(rec.finish_ns or rec.arrival_ns))
+    span.end(end_time=to_wall_ns(rec.finish_ns or rec.arrival_ns, rec.wall_offset_ns))

@@ -40,7 +40,7 @@ from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.lifecycle.clock import monotonic_ns, to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
 from llmtrace.lifecycle.phases import build_request_spans
 from llmtrace.lifecycle.propagation import extract
 from llmtrace.lifecycle.scope import current_scope
@@ -86,6 +86,7 @@ class RequestHandle:
         "summary_in",
         "token_ns",
         "tokenize",
+        "wall_offset_ns",
     )
 
     def __init__(
@@ -100,9 +101,13 @@ class RequestHandle:
         attributes: dict[str, Any],
         prompt_tokens: int | None,
         prompt: str | None,
+        wall_offset_ns: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.arrival_ns = arrival_ns
+        #: The wall-minus-monotonic offset every span of this request is converted with (one
+        #: offset per span tree keeps its nesting exact; see lifecycle/clock.py).
+        self.wall_offset_ns = offset_ns() if wall_offset_ns is None else wall_offset_ns
         self.span = span
         self.parent_context = parent_context
         self.owns_span = owns_span
@@ -328,17 +333,20 @@ def start_request(
     attrs = _request_attributes(model, max_tokens, temperature, top_p, operation, stream, rid, attributes)
     text = prompt if settings.capture_content else None
     span: Span | None = None
+    scope = current_scope()
+    offset = scope.wall_offset_ns if scope is not None else offset_ns()  # the call's span tree's
     if owns_span:
         span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
-                                            start_time=to_wall_ns(arrival), attributes=attrs)
+                                            start_time=to_wall_ns(arrival, offset), attributes=attrs)
         recording = span.is_recording()
     else:
         recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
     handle = RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
-                           recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text)
+                           recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text,
+                           wall_offset_ns=offset)
     # A request opened while a network handler serves a call belongs to that call:
     # a client disconnect ends it as ``abort`` (see lifecycle/scope.py).
-    if owns_span and (scope := current_scope()) is not None:
+    if owns_span and scope is not None:
         scope.register(handle)
     return handle
 

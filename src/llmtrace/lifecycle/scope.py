@@ -28,7 +28,7 @@ from opentelemetry import trace
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
-from llmtrace.lifecycle.clock import monotonic_ns
+from llmtrace.lifecycle.clock import monotonic_ns, offset_ns
 
 if TYPE_CHECKING:
     from llmtrace.lifecycle.request import RequestHandle
@@ -63,10 +63,14 @@ class ServerScope:
     """One incoming call, from the network handler's point of view."""
 
     __slots__ = ("_recording", "_recording_for", "arrival_ns", "closed", "closed_ns", "context", "deferred",
-                 "first_byte_ns", "handles", "pending")
+                 "first_byte_ns", "handles", "pending", "wall_offset_ns")
 
-    def __init__(self, arrival_ns: int | None = None, context: otel_context.Context | None = None) -> None:
+    def __init__(self, arrival_ns: int | None = None, context: otel_context.Context | None = None,
+                 wall_offset_ns: int | None = None) -> None:
         self.arrival_ns = monotonic_ns() if arrival_ns is None else arrival_ns
+        #: The offset this call's spans are converted with, the requests opened in it included
+        #: (one span tree, one offset: see lifecycle/clock.py).
+        self.wall_offset_ns = offset_ns() if wall_offset_ns is None else wall_offset_ns
         self.context = otel_context.get_current() if context is None else context
         self.handles: list[RequestHandle] = []
         self.pending: list[PendingTokenize] = []

@@ -137,20 +137,21 @@ def _forward_with_layers(parent: Any, frame: _Frame, end_ns: int, attrs: dict[st
     from opentelemetry import trace
 
     from llmtrace import _runtime
-    from llmtrace.lifecycle.clock import to_wall_ns
+    from llmtrace.lifecycle.clock import recent_offset_ns, to_wall_ns
 
     tracer = _runtime.tracer()
-    span = tracer.start_span(semconv.SPAN_FORWARD, context=parent, start_time=to_wall_ns(frame.start_ns),
+    offset = recent_offset_ns(end_ns)  # the forward and its layers: one offset, exact nesting
+    span = tracer.start_span(semconv.SPAN_FORWARD, context=parent, start_time=to_wall_ns(frame.start_ns, offset),
                              attributes=attrs)
     ctx = trace.set_span_in_context(span)
     for name, start, end in frame.layers or ():
-        _common.live_span(semconv.SPAN_LAYER, ctx, start, end, {semconv.LLM_LAYER_NAME: name})
+        _common.live_span(semconv.SPAN_LAYER, ctx, start, end, {semconv.LLM_LAYER_NAME: name}, offset=offset)
     if isinstance(error, Exception):
         from opentelemetry.trace import Status, StatusCode
 
         span.set_status(Status(StatusCode.ERROR, type(error).__name__))
         span.record_exception(error)
-    span.end(end_time=to_wall_ns(end_ns))
+    span.end(end_time=to_wall_ns(end_ns, offset))
 
 
 def _layer_hooks(name: str) -> tuple[Any, Any]:
