@@ -70,12 +70,22 @@ def capture_text(text: Any) -> str | None:
     return text[: settings.capture_content_max_chars]
 
 
+def span_tree_offset(end_ns: int) -> int:
+    """The wall-minus-monotonic offset for a span made now, ending at *end_ns*: the current
+    request's or server call's (one span tree, one offset: lifecycle/clock.py), else a recent one."""
+    if (handle := current_request()) is not None:
+        return handle.wall_offset_ns
+    if (scope := current_scope()) is not None:
+        return scope.wall_offset_ns
+    return recent_offset_ns(end_ns)
+
+
 def live_span(name: str, parent: otel_context.Context | None, start_ns: int, end_ns: int,
               attributes: dict[str, Any], error: BaseException | None = None, offset: int | None = None) -> None:
-    """A finished span with explicit monotonic start/end, as a child of *parent* (converted with
-    *offset*, its parent's, or one recent offset for both ends: the duration stays exact)."""
+    """A finished span with explicit monotonic start/end, as a child of *parent*, converted with
+    *offset* (its parent's) or :func:`span_tree_offset` — one offset for both ends."""
     end_ns = max(start_ns, end_ns)
-    offset = recent_offset_ns(end_ns) if offset is None else offset
+    offset = span_tree_offset(end_ns) if offset is None else offset
     span = _runtime.tracer().start_span(name, context=parent, start_time=to_wall_ns(start_ns, offset))
     if span.is_recording():
         span.set_attributes(attributes)

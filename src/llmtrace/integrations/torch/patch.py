@@ -137,10 +137,10 @@ def _forward_with_layers(parent: Any, frame: _Frame, end_ns: int, attrs: dict[st
     from opentelemetry import trace
 
     from llmtrace import _runtime
-    from llmtrace.lifecycle.clock import recent_offset_ns, to_wall_ns
+    from llmtrace.lifecycle.clock import to_wall_ns
 
     tracer = _runtime.tracer()
-    offset = recent_offset_ns(end_ns)  # the forward and its layers: one offset, exact nesting
+    offset = _common.span_tree_offset(end_ns)  # the request's, for the forward and its layers
     span = tracer.start_span(semconv.SPAN_FORWARD, context=parent, start_time=to_wall_ns(frame.start_ns, offset),
                              attributes=attrs)
     ctx = trace.set_span_in_context(span)
