@@ -38,7 +38,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 ARMS = ("untraced", "otel", "production", "full")
@@ -128,22 +127,12 @@ def count_instructions(chunks: int) -> dict[str, dict[str, float]]:
     """Instructions per request, per arm: ``callgrind`` totals of runs of 600 and 200 requests,
     differenced (start-up and warm-up cancel out) and divided by 400 — stable where CPU time is
     not on a shared VM. The serving thread alone, and all threads (builder, exporters)."""
-    import re
-    import shutil
-
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    from _callgrind import instructions_per_thread
 
     def totals(arm: str, requests: int) -> tuple[int, int]:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = os.path.join(tmp, "cg.out")
-            subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                            sys.executable, __file__, "--child", arm, "--requests", str(requests),
-                            "--chunks", str(chunks), "--exit-at-once"],
-                           capture_output=True, text=True, check=True)
-            per_thread = {path.name: int(re.findall(r"^summary: (\d+)", path.read_text(), re.MULTILINE)[-1])
-                          for path in Path(tmp).glob("cg.out-*")}
-            return per_thread["cg.out-01"], sum(per_thread.values())  # 01: the main (serving) thread
+        per_thread = instructions_per_thread([sys.executable, __file__, "--child", arm, "--requests", str(requests),
+                                              "--chunks", str(chunks), "--exit-at-once"])
+        return per_thread[1], sum(per_thread.values())  # 1: the main (serving) thread
 
     result: dict[str, dict[str, float]] = {}
     for arm in ARMS:

@@ -128,25 +128,14 @@ def count_instructions(batch: int, churn: int) -> None:
     """Instructions per step on the engine (main) thread: ``callgrind`` totals of runs of
     1,500 and 500 traced steps, differenced (start-up cancels out) and divided by 1,000 —
     stable where CPU time is not. The span builder's thread is left out, as in the CPU times."""
-    import re
-    import shutil
     import subprocess
     import sys
-    import tempfile
-    from pathlib import Path
 
-    if shutil.which("valgrind") is None:
-        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    from _callgrind import instructions_per_thread
 
     def total(steps: int, style: str) -> int:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp, "cg.out")
-            subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                            sys.executable, __file__, "--loop-only", style, "--steps", str(steps),
-                            "--batch", str(batch), "--churn", str(churn)],
-                           capture_output=True, text=True, check=True)
-            main_thread = Path(f"{out}-01").read_text()  # one file per thread; 01 is the main thread
-            return int(re.findall(r"^summary: (\d+)", main_thread, re.MULTILINE)[-1])
+        return instructions_per_thread([sys.executable, __file__, "--loop-only", style, "--steps", str(steps),
+                                        "--batch", str(batch), "--churn", str(churn)])[1]  # 1: the main thread
 
     for style in ("with", "mark"):
         try:

@@ -115,5 +115,6 @@ def main() -> None:
               f"{statistics.median(per_step) * steps / tokens:.1f} µs per token; CPU ratio traced/untraced "
               f"{statistics.median(ratio):.3f} (rounds: {', '.join(f'{x:.3f}' for x in ratio)})")
 
+
 if __name__ == "__main__":
     main()
