@@ -101,13 +101,13 @@ class RequestHandle:
         attributes: dict[str, Any],
         prompt_tokens: int | None,
         prompt: str | None,
-        wall_offset_ns: int | None = None,
+        wall_offset_ns: int,
     ) -> None:
         self.request_id = request_id
         self.arrival_ns = arrival_ns
         #: The wall-minus-monotonic offset every span of this request is converted with (one
         #: offset per span tree keeps its nesting exact; see lifecycle/clock.py).
-        self.wall_offset_ns = offset_ns() if wall_offset_ns is None else wall_offset_ns
+        self.wall_offset_ns = wall_offset_ns
         self.span = span
         self.parent_context = parent_context
         self.owns_span = owns_span
