@@ -14,8 +14,9 @@ for parse + model build + every analyzer, i.e. one core. Memory is what ``tracem
 sees held by the built model after the read, divided by the span count; it is measured in
 a second pass because tracing allocations slows the run several-fold. With ``--repeat N``
 each stage reports its fastest of N runs (CPU time on a shared machine only ever inflates).
-The parse path is the typed msgspec decoder when msgspec is installed;
-``LLMTRACE_ANALYSIS_DECODER=generic`` measures the stdlib/orjson dict path instead.
+The parse path is the fastest decoder installed: the compiled one (``native/``, built by
+``.ci/run`` when cargo is present), else the typed msgspec one; ``LLMTRACE_ANALYSIS_DECODER``
+= ``native`` / ``typed`` / ``generic`` picks one (the result's ``decoder`` says which ran).
 """
 
 from __future__ import annotations
@@ -81,6 +82,24 @@ def _cpu_over_lines(path: str, decode: Callable[[bytes], object]) -> float:
     return time.process_time() - t0
 
 
+def decoder_in_use() -> str:
+    """Which OTLP line decoder ``load_spans`` uses here (native, typed or generic)."""
+    choice = os.environ.get("LLMTRACE_ANALYSIS_DECODER", "")
+    try:
+        from llmtrace.analysis.sources import otlp_native
+    except ImportError:  # an llmtrace before the compiled decoder (A/B runs against old trees)
+        native = False
+    else:
+        native = otlp_native.AVAILABLE
+    from llmtrace.analysis.sources import otlp_typed
+
+    if native and choice in ("", "native"):
+        return "native"
+    if otlp_typed.AVAILABLE and choice in ("", "native", "typed"):
+        return "typed"
+    return "generic"
+
+
 def throughput(path: str) -> dict[str, float]:
     gc.collect()
     t0 = time.process_time()
@@ -136,6 +155,7 @@ def main() -> int:
     best["parse_spans_per_s"] = runs[0]["spans"] / best["parse_s"]
     result.update(best)
     result["runs"] = len(runs)
+    result["decoder"] = decoder_in_use()
     result["decode_floor_s"] = decode_floor(path)
     typed = typed_decode_floor(path)
     if typed is not None:
@@ -147,7 +167,10 @@ def main() -> int:
         print(json.dumps(result))
         return 0
     print(f"dataset        {path}: {n:,} spans, {result['file_bytes'] / 1e6:.0f} MB; best of {result['runs']} run(s)")
-    print(f"parse          {result['parse_s']:.2f} s  ({result['parse_spans_per_s']:,.0f} spans/s)")
+    print(
+        f"parse          {result['parse_s']:.2f} s  ({result['parse_spans_per_s']:,.0f} spans/s, "
+        f"{result['decoder']} decoder)"
+    )
     print(f"build model    {result['build_s']:.2f} s")
     print(f"analyze        {result['analyze_s']:.2f} s")
     total = result["parse_s"] + result["build_s"] + result["analyze_s"]

@@ -28,7 +28,10 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "analysis"
 pytestmark = pytest.mark.skipif(not otlp_typed.AVAILABLE, reason="msgspec not installed")
 
 
-def _both(path: str, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+def _both(path: str, monkeypatch: pytest.MonkeyPatch, fast: str = "typed") -> tuple[Any, Any]:
+    """The spans read by the ``fast`` decoder (lines it declines: the generic path) and by
+    the generic path alone."""
+    monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", fast)
     typed = load_spans(path)
     monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", "generic")
     generic = load_spans(path)

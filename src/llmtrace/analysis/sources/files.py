@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
-from llmtrace.analysis.sources import otlp_typed
+from llmtrace.analysis.sources import otlp_native, otlp_typed
 from llmtrace.analysis.sources._json import DecodeErrors, error_position, iter_documents, loads, short_message
 from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
 from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
@@ -75,11 +75,31 @@ def spans_from_document(doc: Any, *, source: str, position: str, intern: Interne
     raise SourceError(source, f"not an OTLP or Jaeger trace document (found: {keys or 'empty object'})", position)
 
 
-def use_typed_decoder() -> bool:
-    """Whether OTLP lines go through the typed msgspec decoder (when it is installed).
+LineDecoder = Callable[[bytes, Interner], list[Span] | None]
 
-    ``LLMTRACE_ANALYSIS_DECODER=generic`` forces the generic dict path (tests compare both)."""
-    return os.environ.get("LLMTRACE_ANALYSIS_DECODER", "") != "generic"
+
+def line_decoder(source: str) -> LineDecoder | None:
+    """The fast decoder for OTLP lines: the compiled one, backed by the typed msgspec one,
+    whichever are installed (``None``: every line takes the generic dict path).
+
+    ``LLMTRACE_ANALYSIS_DECODER`` picks one for tests and benchmarks: ``native``, ``typed``
+    or ``generic`` (unset: the fastest installed)."""
+    choice = os.environ.get("LLMTRACE_ANALYSIS_DECODER", "")
+    if choice not in ("", "native", "typed", "generic"):
+        raise SourceError(source, f"LLMTRACE_ANALYSIS_DECODER={choice!r}: use native, typed or generic", "environment")
+    if choice == "native" and not otlp_native.AVAILABLE:
+        raise SourceError(source, "LLMTRACE_ANALYSIS_DECODER=native, but llmtrace-native is not installed "
+                          "(pip install ./native)", "environment")
+    native = otlp_native.spans_from_line if otlp_native.AVAILABLE and choice in ("", "native") else None
+    typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and choice in ("", "native", "typed") else None
+    if native is None or typed is None:
+        return native or typed
+
+    def native_then_typed(line: bytes, intern: Interner) -> list[Span] | None:
+        spans = native(line, intern)
+        return spans if spans is not None else typed(line, intern)
+
+    return native_then_typed
 
 
 def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
@@ -175,10 +195,10 @@ def _iter_lines(
 ) -> Iterator[list[Span]]:
     yield spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
     tick = 0
-    # The typed msgspec decoder reads OTLP lines straight into spans; a line it declines
-    # (anything but plain OTLP traces, or input to report an error on) takes the generic
-    # path below, which yields the same spans and raises the same errors.
-    fast = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and use_typed_decoder() else None
+    # The compiled and typed decoders read OTLP lines straight into spans; a line they
+    # decline (anything but plain OTLP traces, or input to report an error on) takes the
+    # generic path below, which yields the same spans and raises the same errors.
+    fast = line_decoder(path)
     # A plain file is cut into lines here (memchr over 4 MiB blocks): BufferedReader's
     # readline scans byte by byte, ~2,000 instructions per span on these ~100 kB lines.
     # Compressed streams keep readline, so a truncation is reported at the same line.

@@ -1,0 +1,611 @@
+//! The compiled fast path of llmtrace's OTLP/JSON reader (`llmtrace.analysis.sources`).
+//!
+//! One line of the file exporter's output (an `ExportTraceServiceRequest`) is parsed by
+//! `serde_json` into borrowed Rust structs (no Python object per JSON value, unknown
+//! fields skipped), checked, and turned into the analyzer's `Span` named tuples directly.
+//!
+//! Contract (the same as the typed msgspec path, `otlp_typed.py`): a line is either
+//! converted exactly as the generic Python path converts it, or declined — `None` is
+//! returned and the caller reads the line through the Python paths, which produce the
+//! same spans, warnings and errors. So this module only accepts what it is sure of: hex
+//! ids of the exact length, decimal times that fit an `i64`, known span kinds, scalar
+//! attribute values and arrays of them. Everything else (base64 ids, `kvlistValue`,
+//! `bytesValue`, string doubles such as `"NaN"`, a value with several keys, duplicate JSON
+//! keys, malformed JSON) is
+//! declined. `tests/analysis/test_native_decoder.py` compares both paths.
+
+use std::borrow::Cow;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::ptr;
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use serde::de::{self, IgnoredAny, Visitor};
+use serde::{Deserialize, Deserializer};
+
+// ---------------------------------------------------------------------------------------
+// The OTLP/JSON document, as far as the analyzer reads it.
+
+/// Missing field -> `None` (via `default`), present -> `Some(value)`; `null` is then an
+/// error for a non-`Option` `T`, which declines the line as msgspec's typed path does.
+fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct Export<'a> {
+    #[serde(rename = "resourceSpans", default, borrow, deserialize_with = "present")]
+    resource_spans: Option<Option<Vec<ResourceSpans<'a>>>>,
+}
+
+#[derive(Deserialize)]
+struct ResourceSpans<'a> {
+    #[serde(default, borrow)]
+    resource: Option<Resource<'a>>,
+    #[serde(rename = "scopeSpans", default, borrow)]
+    scope_spans: Option<Vec<ScopeSpans<'a>>>,
+    #[serde(rename = "instrumentationLibrarySpans", default, borrow)]
+    library_spans: Option<Vec<ScopeSpans<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct Resource<'a> {
+    #[serde(default, borrow)]
+    attributes: Option<Vec<KeyValue<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ScopeSpans<'a> {
+    #[serde(default, borrow)]
+    spans: Option<Vec<RawSpan<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct RawSpan<'a> {
+    #[serde(rename = "traceId", borrow)]
+    trace_id: Cow<'a, str>,
+    #[serde(rename = "spanId", borrow)]
+    span_id: Cow<'a, str>,
+    #[serde(borrow)]
+    name: Cow<'a, str>,
+    #[serde(rename = "startTimeUnixNano", borrow)]
+    start: IntOrStr<'a>,
+    #[serde(rename = "endTimeUnixNano", borrow)]
+    end: IntOrStr<'a>,
+    #[serde(rename = "parentSpanId", default, borrow)]
+    parent: Option<Cow<'a, str>>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    kind: Option<IntOrStr<'a>>,
+    #[serde(default, borrow)]
+    status: Option<Status<'a>>,
+    #[serde(default, borrow)]
+    attributes: Option<Vec<KeyValue<'a>>>,
+    #[serde(default, borrow)]
+    links: Option<Vec<RawLink<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct Status<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    code: Option<IntOrStr<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawLink<'a> {
+    #[serde(rename = "traceId", borrow)]
+    trace_id: Cow<'a, str>,
+    #[serde(rename = "spanId", borrow)]
+    span_id: Cow<'a, str>,
+}
+
+#[derive(Deserialize)]
+struct KeyValue<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(borrow)]
+    value: AnyValue<'a>,
+}
+
+#[derive(Deserialize)]
+struct AnyValue<'a> {
+    #[serde(rename = "stringValue", default, borrow, deserialize_with = "present")]
+    string: Option<Cow<'a, str>>,
+    #[serde(rename = "intValue", default, borrow, deserialize_with = "present")]
+    int: Option<IntOrStr<'a>>,
+    // A string double ("NaN", "Infinity") fails here and declines the line.
+    #[serde(rename = "doubleValue", default, deserialize_with = "present")]
+    double: Option<f64>,
+    #[serde(rename = "boolValue", default, deserialize_with = "present")]
+    boolean: Option<bool>,
+    #[serde(rename = "arrayValue", default, borrow, deserialize_with = "present")]
+    array: Option<ArrayValue<'a>>,
+    #[serde(rename = "kvlistValue", default, deserialize_with = "present")]
+    kvlist: Option<IgnoredAny>,
+    #[serde(rename = "bytesValue", default, deserialize_with = "present")]
+    bytes: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+struct ArrayValue<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    values: Option<Vec<ArrayElement<'a>>>,
+}
+
+/// An element of an `arrayValue`: the Python path takes its first key in document order,
+/// so only elements with at most one key are accepted (then the order cannot matter).
+#[derive(Deserialize)]
+struct ArrayElement<'a> {
+    #[serde(rename = "stringValue", default, borrow, deserialize_with = "present")]
+    string: Option<Cow<'a, str>>,
+    #[serde(rename = "intValue", default, borrow, deserialize_with = "present")]
+    int: Option<IntOrStr<'a>>,
+    #[serde(rename = "doubleValue", default, deserialize_with = "present")]
+    double: Option<f64>,
+    #[serde(rename = "boolValue", default, deserialize_with = "present")]
+    boolean: Option<bool>,
+    #[serde(rename = "arrayValue", default, deserialize_with = "present")]
+    array: Option<IgnoredAny>,
+    #[serde(rename = "kvlistValue", default, deserialize_with = "present")]
+    kvlist: Option<IgnoredAny>,
+    #[serde(rename = "bytesValue", default, deserialize_with = "present")]
+    bytes: Option<IgnoredAny>,
+}
+
+/// A JSON integer or string (OTLP/JSON writes 64-bit integers as decimal strings).
+enum IntOrStr<'a> {
+    Int(i64),
+    Str(Cow<'a, str>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for IntOrStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = IntOrStr<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer or a string")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(IntOrStr::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                i64::try_from(v).map(IntOrStr::Int).map_err(|_| E::custom("integer out of range"))
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(IntOrStr::Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(IntOrStr::Str(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl IntOrStr<'_> {
+    /// Python's `int(x)` where Rust agrees with it exactly (digits with an optional sign,
+    /// within `i64`); anything else (spaces, `_`, non-ASCII digits) declines.
+    fn to_i64(&self) -> Result<i64, Fail> {
+        match self {
+            IntOrStr::Int(v) => Ok(*v),
+            IntOrStr::Str(s) => s.parse::<i64>().map_err(|_| Fail::Decline),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Conversion to Python objects.
+
+enum Fail {
+    /// The Python paths must read this line.
+    Decline,
+    /// CPython failed (out of memory).
+    Py(PyErr),
+}
+
+/// An owned reference, released on drop unless handed over with `into_raw`.
+struct Owned(*mut ffi::PyObject);
+
+impl Owned {
+    fn new(py: Python<'_>, p: *mut ffi::PyObject) -> Result<Owned, Fail> {
+        if p.is_null() {
+            Err(Fail::Py(PyErr::fetch(py)))
+        } else {
+            Ok(Owned(p))
+        }
+    }
+    fn into_raw(self) -> *mut ffi::PyObject {
+        let p = self.0;
+        std::mem::forget(self);
+        p
+    }
+}
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        unsafe { ffi::Py_DECREF(self.0) }
+    }
+}
+
+const KIND_NAMES: [&str; 6] = [
+    "SPAN_KIND_UNSPECIFIED",
+    "SPAN_KIND_INTERNAL",
+    "SPAN_KIND_SERVER",
+    "SPAN_KIND_CLIENT",
+    "SPAN_KIND_PRODUCER",
+    "SPAN_KIND_CONSUMER",
+];
+const STATUS_NAMES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_CODE_ERROR"];
+
+/// Decodes OTLP/JSON lines into `llmtrace.analysis.model.Span` tuples.
+///
+/// Built once with the model's classes and enum members, so the module has no import-time
+/// dependency on llmtrace (`sources/otlp_native.py` constructs it).
+#[pyclass(module = "llmtrace_native", frozen)]
+struct Decoder {
+    span_type: Py<PyAny>,
+    link_type: Py<PyAny>,
+    kinds: Vec<Py<PyAny>>,
+    statuses: Vec<Py<PyAny>>,
+    empty_attrs: Py<PyAny>,
+}
+
+#[pymethods]
+impl Decoder {
+    /// `Decoder(Span, Link, kinds, statuses, empty_attrs)`: `kinds[i]` is `SpanKind(i)` for
+    /// i in 0..6, `statuses[i]` is `StatusCode(i)` for i in 0..3.
+    #[new]
+    fn new(
+        span_type: Bound<'_, PyAny>,
+        link_type: Bound<'_, PyAny>,
+        kinds: Vec<Py<PyAny>>,
+        statuses: Vec<Py<PyAny>>,
+        empty_attrs: Py<PyAny>,
+    ) -> PyResult<Self> {
+        for t in [&span_type, &link_type] {
+            let is_tuple_type = unsafe {
+                ffi::PyType_Check(t.as_ptr()) != 0
+                    && ffi::PyType_IsSubtype(t.as_ptr().cast(), ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0
+            };
+            if !is_tuple_type {
+                return Err(PyTypeError::new_err("Span and Link must be tuple subclasses (named tuples)"));
+            }
+        }
+        if kinds.len() != 6 || statuses.len() != 3 {
+            return Err(PyTypeError::new_err("need 6 span kinds and 3 status codes"));
+        }
+        Ok(Decoder { span_type: span_type.unbind(), link_type: link_type.unbind(), kinds, statuses, empty_attrs })
+    }
+
+    /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
+    /// must read it. `strings` is the interning dict shared with them (`Interner.strings`).
+    fn spans_from_line<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyBytes>,
+        strings: &Bound<'py, PyDict>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        // One UTF-8 check of the whole line, then from_str: from_slice checks every string
+        // on its own, which cost more than the rest of the JSON parse.
+        let Ok(text) = std::str::from_utf8(data.as_bytes()) else {
+            return Ok(None);
+        };
+        let doc: Export = match serde_json::from_str(text) {
+            Ok(doc) => doc,
+            Err(_) => return Ok(None),
+        };
+        let rss = match doc.resource_spans {
+            None => return Ok(None), // not an OTLP traces document
+            Some(rss) => rss.unwrap_or_default(),
+        };
+        let ctx = Ctx { py, strings: strings.as_ptr(), decoder: self, seen: RefCell::default() };
+        match ctx.convert(&rss) {
+            Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
+            Err(Fail::Decline) => Ok(None),
+            Err(Fail::Py(err)) => Err(err),
+        }
+    }
+}
+
+struct Ctx<'py, 'd, 'doc> {
+    py: Python<'py>,
+    strings: *mut ffi::PyObject,
+    decoder: &'d Decoder,
+    /// The line's interned strings by their text (borrowed: `strings` holds them), so a
+    /// trace id or span name repeated in the line is neither copied nor hashed again.
+    seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, BuildHasherDefault<FxHasher>>>,
+}
+
+impl<'doc> Ctx<'_, '_, 'doc> {
+    fn convert(&self, rss: &'doc [ResourceSpans<'doc>]) -> Result<Owned, Fail> {
+        let py = self.py;
+        let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
+        for rs in rss {
+            let rattrs = match rs.resource.as_ref().and_then(|r| r.attributes.as_deref()) {
+                Some(raw) if !raw.is_empty() => Some(self.attributes(raw)?),
+                _ => None,
+            };
+            let service = self.service(rattrs.as_ref())?;
+            let resource = match &rattrs {
+                Some(d) if unsafe { ffi::PyDict_Size(d.0) } > 0 => d.0,
+                _ => self.decoder.empty_attrs.as_ptr(),
+            };
+            let scopes = match (&rs.scope_spans, &rs.library_spans) {
+                (Some(s), _) if !s.is_empty() => s.as_slice(),
+                (_, Some(s)) => s.as_slice(),
+                _ => &[],
+            };
+            for ss in scopes {
+                for sp in ss.spans.as_deref().unwrap_or_default() {
+                    let span = self.span(sp, service.0, resource)?;
+                    if unsafe { ffi::PyList_Append(out.0, span.0) } != 0 {
+                        return Err(Fail::Py(PyErr::fetch(py)));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `str(resource["service.name"])`, interned; "" when absent. Only strings are taken.
+    fn service(&self, rattrs: Option<&Owned>) -> Result<Owned, Fail> {
+        if let Some(d) = rattrs {
+            let key = self.interned("service.name")?;
+            let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key.0) };
+            if !v.is_null() {
+                if unsafe { ffi::PyUnicode_CheckExact(v) } == 0 {
+                    return Err(Fail::Decline);
+                }
+                unsafe { ffi::Py_INCREF(v) };
+                return self.intern_object(Owned(v));
+            }
+            if unsafe { !ffi::PyErr_Occurred().is_null() } {
+                return Err(Fail::Py(PyErr::fetch(self.py)));
+            }
+        }
+        self.text("")
+    }
+
+    fn span(&self, sp: &'doc RawSpan<'doc>, service: *mut ffi::PyObject, resource: *mut ffi::PyObject) -> Result<Owned, Fail> {
+        let py = self.py;
+        let d = self.decoder;
+        // Checks mirror otlp_typed._scope_spans: where the generic path would normalise,
+        // record a warning or raise, decline.
+        if !is_id(&sp.trace_id, 32) || !is_id(&sp.span_id, 16) {
+            return Err(Fail::Decline);
+        }
+        let parent = match sp.parent.as_deref() {
+            None | Some("") => None,
+            Some(p) if is_id(p, 16) => Some(p),
+            Some(_) => return Err(Fail::Decline),
+        };
+        let (start, end) = (sp.start.to_i64()?, sp.end.to_i64()?);
+        if start > end {
+            return Err(Fail::Decline);
+        }
+        let kind = match &sp.kind {
+            None => 1,
+            Some(IntOrStr::Int(k)) if (0..6).contains(k) => *k as usize,
+            Some(IntOrStr::Str(s)) => KIND_NAMES.iter().position(|n| *n == s.as_ref()).ok_or(Fail::Decline)?,
+            Some(_) => return Err(Fail::Decline),
+        };
+        let code = match sp.status.as_ref().and_then(|st| st.code.as_ref()) {
+            None => 0,
+            Some(IntOrStr::Int(c)) if (0..3).contains(c) => *c as usize,
+            Some(IntOrStr::Int(_)) => 0,
+            Some(IntOrStr::Str(s)) => STATUS_NAMES.iter().position(|n| *n == s.as_ref()).unwrap_or(0),
+        };
+        let attrs = match sp.attributes.as_deref() {
+            Some(raw) if !raw.is_empty() => {
+                let dict = self.attributes(raw)?;
+                if unsafe { ffi::PyDict_Size(dict.0) } > 0 {
+                    dict
+                } else {
+                    self.borrowed(d.empty_attrs.as_ptr())
+                }
+            }
+            _ => self.borrowed(d.empty_attrs.as_ptr()),
+        };
+        let links = match sp.links.as_deref() {
+            Some(raw) if !raw.is_empty() => self.links(raw)?,
+            _ => Owned::new(py, unsafe { ffi::PyTuple_New(0) })?,
+        };
+        let fields = [
+            self.interned(&sp.trace_id)?,
+            self.text(&sp.span_id)?,
+            match parent {
+                Some(p) => self.text(p)?,
+                None => self.borrowed(unsafe { ffi::Py_None() }),
+            },
+            self.interned(&sp.name)?,
+            Owned::new(py, unsafe { ffi::PyLong_FromLongLong(start) })?,
+            Owned::new(py, unsafe { ffi::PyLong_FromLongLong(end) })?,
+            self.borrowed(d.kinds[kind].as_ptr()),
+            self.borrowed(d.statuses[code].as_ptr()),
+            attrs,
+            links,
+            self.borrowed(service),
+            self.borrowed(resource),
+        ];
+        self.new_tuple(d.span_type.as_ptr(), fields)
+    }
+
+    fn links(&self, raw: &'doc [RawLink<'doc>]) -> Result<Owned, Fail> {
+        let py = self.py;
+        if raw.iter().any(|ln| !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16)) {
+            return Err(Fail::Decline);
+        }
+        let tuple = Owned::new(py, unsafe { ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t) })?;
+        for (i, ln) in raw.iter().enumerate() {
+            let fields = [self.interned(&ln.trace_id)?, self.text(&ln.span_id)?];
+            let link = self.new_tuple(self.decoder.link_type.as_ptr(), fields)?;
+            unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, link.into_raw()) };
+        }
+        Ok(tuple)
+    }
+
+    /// A new instance of the named-tuple class `cls` holding `fields` (references stolen).
+    fn new_tuple<const N: usize>(&self, cls: *mut ffi::PyObject, fields: [Owned; N]) -> Result<Owned, Fail> {
+        let tp = cls.cast::<ffi::PyTypeObject>();
+        // tp_alloc of a tuple subclass is PyType_GenericAlloc: `N` zeroed item slots, as
+        // tuple.__new__(cls, fields) would make (named tuples add no fields of their own).
+        let obj = unsafe {
+            let alloc = (*tp).tp_alloc.unwrap_or(ffi::PyType_GenericAlloc);
+            alloc(tp, N as ffi::Py_ssize_t)
+        };
+        let obj = Owned::new(self.py, obj)?;
+        for (i, f) in fields.into_iter().enumerate() {
+            unsafe { ffi::PyTuple_SET_ITEM(obj.0, i as ffi::Py_ssize_t, f.into_raw()) };
+        }
+        Ok(obj)
+    }
+
+    /// `otlp_typed._attributes`: keys interned, strings under 64 characters interned,
+    /// a value with no known key left out; later duplicates win, as in a dict.
+    fn attributes(&self, raw: &'doc [KeyValue<'doc>]) -> Result<Owned, Fail> {
+        let py = self.py;
+        let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
+        for kv in raw {
+            let v = &kv.value;
+            if v.kvlist.is_some() || v.bytes.is_some() {
+                return Err(Fail::Decline);
+            }
+            let set = [v.string.is_some(), v.int.is_some(), v.double.is_some(), v.boolean.is_some(), v.array.is_some()];
+            if set.iter().filter(|x| **x).count() > 1 {
+                return Err(Fail::Decline); // the generic path takes the first in document order
+            }
+            let value = if let Some(s) = &v.string {
+                if s.len() < 64 || s.chars().count() < 64 {
+                    self.interned(s)?
+                } else {
+                    self.text(s)?
+                }
+            } else if let Some(i) = &v.int {
+                Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
+            } else if let Some(x) = v.double {
+                Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
+            } else if let Some(b) = v.boolean {
+                self.boolean(b)
+            } else if let Some(arr) = &v.array {
+                self.array(arr)?
+            } else {
+                continue;
+            };
+            let key = self.interned(&kv.key)?;
+            if unsafe { ffi::PyDict_SetItem(dict.0, key.0, value.0) } != 0 {
+                return Err(Fail::Py(PyErr::fetch(py)));
+            }
+        }
+        Ok(dict)
+    }
+
+    /// `otlp._array`: a tuple of the elements' values (`None` for an element with no key).
+    fn array(&self, arr: &ArrayValue) -> Result<Owned, Fail> {
+        let py = self.py;
+        let values = arr.values.as_deref().unwrap_or_default();
+        let tuple = Owned::new(py, unsafe { ffi::PyTuple_New(values.len() as ffi::Py_ssize_t) })?;
+        for (i, e) in values.iter().enumerate() {
+            if e.array.is_some() || e.kvlist.is_some() || e.bytes.is_some() {
+                return Err(Fail::Decline);
+            }
+            let set = [e.string.is_some(), e.int.is_some(), e.double.is_some(), e.boolean.is_some()];
+            if set.iter().filter(|x| **x).count() > 1 {
+                return Err(Fail::Decline); // the Python path takes the first in document order
+            }
+            let value = if let Some(s) = &e.string {
+                self.text(s)?
+            } else if let Some(n) = &e.int {
+                Owned::new(py, unsafe { ffi::PyLong_FromLongLong(n.to_i64()?) })?
+            } else if let Some(x) = e.double {
+                Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
+            } else if let Some(b) = e.boolean {
+                self.boolean(b)
+            } else {
+                self.borrowed(unsafe { ffi::Py_None() })
+            };
+            unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, value.into_raw()) };
+        }
+        Ok(tuple)
+    }
+
+    fn boolean(&self, b: bool) -> Owned {
+        self.borrowed(unsafe { if b { ffi::Py_True() } else { ffi::Py_False() } })
+    }
+
+    fn borrowed(&self, p: *mut ffi::PyObject) -> Owned {
+        unsafe { ffi::Py_INCREF(p) };
+        Owned(p)
+    }
+
+    fn text(&self, s: &str) -> Result<Owned, Fail> {
+        Owned::new(self.py, unsafe {
+            ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t)
+        })
+    }
+
+    /// `strings.setdefault(s, s)`: the one copy every span shares.
+    fn interned(&self, s: &'doc str) -> Result<Owned, Fail> {
+        if let Some(&p) = self.seen.borrow().get(s) {
+            return Ok(self.borrowed(p));
+        }
+        let kept = self.intern_object(self.text(s)?)?;
+        self.seen.borrow_mut().insert(s, kept.0);
+        Ok(kept)
+    }
+
+    fn intern_object(&self, s: Owned) -> Result<Owned, Fail> {
+        let kept = unsafe { ffi::PyDict_SetDefault(self.strings, s.0, s.0) };
+        if kept.is_null() {
+            return Err(Fail::Py(PyErr::fetch(self.py)));
+        }
+        Ok(self.borrowed(kept))
+    }
+}
+
+/// rustc's FxHash: the keys are short ids and names from one line, not attacker-chosen
+/// across lines (the map lives for one line), so a fast non-keyed hash is enough.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        for &b in chunks.remainder() {
+            self.add(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, b: u8) {
+        self.add(u64::from(b));
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.add(n as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+/// A trace or span id the Python paths take as it is: exactly `len` ASCII characters
+/// (they count characters; for ASCII that is the byte length).
+fn is_id(s: &str, len: usize) -> bool {
+    s.len() == len && s.is_ascii()
+}
+
+#[pymodule]
+fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Decoder>()?;
+    Ok(())
+}

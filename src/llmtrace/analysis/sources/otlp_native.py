@@ -1,0 +1,39 @@
+"""OTLP/JSON lines decoded by the compiled ``llmtrace-native`` module: the fastest path.
+
+``native/`` (Rust, PyO3, ``serde_json``) parses a line into borrowed structs and builds the
+:class:`~llmtrace.analysis.model.Span` tuples directly, with no Python object per JSON
+value and no bytecode per span. It follows the typed path's contract (``otlp_typed.py``):
+a line is converted exactly as the generic path converts it, or declined (``None``) and
+read by the Python paths, which then produce the same spans, warnings and errors. It
+declines more than the typed path does (``kvlistValue``/``bytesValue`` attributes, string
+doubles, a value with several keys, non-string service names, duplicate JSON keys); those
+lines go to the typed path.
+
+The module is optional: it is built from ``native/`` by ``pip install ./native`` (needs a
+Rust toolchain; ``.ci/run`` and ``make setup`` do it when ``cargo`` is present). Without it
+:data:`AVAILABLE` is false and nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+from llmtrace.analysis.sources.otlp import Interner
+
+try:
+    import llmtrace_native  # type: ignore[import-not-found, unused-ignore]  # optional, built from native/
+except ImportError:  # the Rust module is not built: the Python paths serve every line
+    AVAILABLE = False
+    _decode: Callable[[bytes, dict[str, str]], list[Span] | None] | None = None
+else:
+    AVAILABLE = True
+    _decode = llmtrace_native.Decoder(
+        Span, Link, [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)], EMPTY_ATTRS
+    ).spans_from_line
+
+
+def spans_from_line(data: bytes, intern: Interner) -> list[Span] | None:
+    """The spans of one OTLP/JSON traces line, or ``None`` when a Python path must read it."""
+    assert _decode is not None, "llmtrace-native is not installed (check AVAILABLE first)"
+    return _decode(data, intern.strings)

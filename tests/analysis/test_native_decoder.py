@@ -1,0 +1,231 @@
+"""The compiled decoder (native/, sources/otlp_native.py) against the Python paths.
+
+Like the typed path, it must give the very same spans, warnings and errors as the generic
+dict path, and decline (return ``None``) every line it cannot convert exactly; declined
+lines go to the typed path, then the generic one. The module is built by ``.ci/run`` when
+a Rust toolchain is present; without one these tests are skipped and say so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmtrace.analysis.errors import SourceError
+from llmtrace.analysis.sources import load_spans, otlp_native, otlp_typed
+from llmtrace.analysis.sources.otlp import Interner, spans_from_otlp
+from llmtrace.analysis.synthetic import SimConfig, write_jsonl
+from tests.analysis.test_sources import TID, doc, otlp_span, write_lines
+from tests.analysis.test_typed_decoder import FIXTURES, _both, _edge_lines, _same
+
+pytestmark = pytest.mark.skipif(
+    not otlp_native.AVAILABLE, reason="llmtrace-native not built (needs cargo: pip install ./native)"
+)
+
+
+def _generic(line: bytes) -> list[Any]:
+    return spans_from_otlp(json.loads(line), source="t", position="line 1", intern=Interner())
+
+
+def _attrs(**values: Any) -> list[dict[str, Any]]:
+    return [{"key": k, "value": v} for k, v in values.items()]
+
+
+# Lines the native decoder must convert, each exactly as the generic path does.
+TAKEN = {
+    "kind and status names": doc(otlp_span(kind="SPAN_KIND_CLIENT", status={"code": "STATUS_CODE_ERROR"})),
+    "unknown status code": doc(otlp_span(status={"code": 7, "message": "x"})),
+    "unknown status name": doc(otlp_span(status={"code": "WHATEVER"})),
+    "integer times": doc(otlp_span(startTimeUnixNano=1700000000000000000, endTimeUnixNano=1700000000000000001)),
+    "signed time strings": doc(otlp_span(startTimeUnixNano="+1700000000000000000")),
+    "empty parent": doc(otlp_span(parentSpanId="")),
+    "null parent, attributes, links": doc(otlp_span(parentSpanId=None, attributes=None, links=None, status=None)),
+    "scalar attributes": doc(
+        otlp_span(
+            attributes=_attrs(
+                s={"stringValue": "v"},
+                i={"intValue": "-42"},
+                j={"intValue": 9007199254740993},
+                d={"doubleValue": 0.1},
+                dint={"doubleValue": 3},
+                big={"doubleValue": 1e308},
+                t={"boolValue": True},
+                f={"boolValue": False},
+                empty={},
+                unknown={"fooValue": 1},
+                long={"stringValue": "é" * 63},
+                longer={"stringValue": "x" * 64},
+            )
+        )
+    ),
+    "duplicate attribute keys": doc(otlp_span(attributes=_attrs(a={"intValue": 1}) + _attrs(a={"stringValue": "2"}))),
+    "arrays": doc(
+        otlp_span(
+            attributes=_attrs(
+                a={"arrayValue": {"values": [{"stringValue": "x"}, {"intValue": "1"}, {"doubleValue": 2.5}]}},
+                b={"arrayValue": {"values": [{"boolValue": True}, {}]}},
+                c={"arrayValue": {}},
+            )
+        )
+    ),
+    "escapes and non-ASCII": doc(
+        otlp_span(name='say "hi"\n\u00e9\U0001f600', attributes=_attrs(k={"stringValue": "\\"}))
+    ),
+    "links": doc(otlp_span(links=[{"traceId": TID, "spanId": "1111111111111111", "attributes": []}] * 3)),
+    "unknown fields": {
+        "resourceSpans": [{"x": 1, "scopeSpans": [{"scope": {"n": 1}, "spans": [otlp_span(extra=[1])]}]}]
+    },
+    "no resourceSpans content": {"resourceSpans": None},
+    "empty scopeSpans, library spans": {
+        "resourceSpans": [{"scopeSpans": [], "instrumentationLibrarySpans": [{"spans": [otlp_span()]}]}]
+    },
+    "resource without service": {
+        "resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [otlp_span()]}]}]
+    },
+    "service": doc(otlp_span(), service="engine-7"),
+}
+
+# Lines it must decline (the Python paths convert, warn about or reject them).
+DECLINED = {
+    "base64 trace id": doc(otlp_span(traceId="AAECAwQFBgcICQoLDA0ODw==")),
+    "short span id": doc(otlp_span(spanId="abc")),
+    "short parent id": doc(otlp_span(parentSpanId="abc")),
+    "unknown kind": doc(otlp_span(kind=9)),
+    "unknown kind name": doc(otlp_span(kind="SERVER")),
+    "ends before it starts": doc(otlp_span(endTimeUnixNano="1")),
+    "time with spaces": doc(otlp_span(startTimeUnixNano=" 1700000000000000000")),
+    "time beyond int64": doc(otlp_span(endTimeUnixNano="99999999999999999999")),
+    "string double": doc(otlp_span(attributes=_attrs(d={"doubleValue": "NaN"}))),
+    "kvlist": doc(otlp_span(attributes=_attrs(k={"kvlistValue": {"values": []}}))),
+    "bytes": doc(otlp_span(attributes=_attrs(b={"bytesValue": "AAE="}))),
+    "nested array": doc(otlp_span(attributes=_attrs(a={"arrayValue": {"values": [{"arrayValue": {}}]}}))),
+    "several keys in one value": doc(otlp_span(attributes=_attrs(a={"intValue": "3", "stringValue": "s"}))),
+    "null string value": doc(otlp_span(attributes=_attrs(s={"stringValue": None}))),
+    "numeric service name": {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": _attrs(**{"service.name": {"intValue": "5"}})},
+                "scopeSpans": [{"spans": [otlp_span()]}],
+            }
+        ]
+    },
+    "missing name": doc({k: v for k, v in otlp_span().items() if k != "name"}),
+    "metrics document": {"resourceMetrics": []},
+    "not an object": [1, 2],
+}
+
+
+@pytest.mark.parametrize("case", list(TAKEN))
+def test_takes_plain_otlp_and_converts_it_exactly(case: str) -> None:
+    line = json.dumps(TAKEN[case]).encode()
+    native = otlp_native.spans_from_line(line, Interner())
+    assert native is not None, f"declined: {case}"
+    generic = _generic(line)
+    assert repr(native) == repr(generic)
+    for x, y in zip(native, generic, strict=True):
+        assert (type(x), type(x.kind), type(x.status)) == (type(y), type(y.kind), type(y.status))
+        assert [(k, type(v)) for k, v in x.attributes.items()] == [(k, type(v)) for k, v in y.attributes.items()]
+        assert [type(ln) for ln in x.links] == [type(ln) for ln in y.links]
+
+
+@pytest.mark.parametrize("case", list(DECLINED))
+def test_declines_what_only_the_python_paths_convert_exactly(case: str) -> None:
+    assert otlp_native.spans_from_line(json.dumps(DECLINED[case]).encode(), Interner()) is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"\n", b"{not json", b'{"resourceSpans": [', b"\xff\xfe{}", b'{"resourceSpans": [], "resourceSpans": []}'],
+)
+def test_declines_malformed_lines(line: bytes) -> None:
+    assert otlp_native.spans_from_line(line, Interner()) is None
+
+
+def test_interns_what_the_python_paths_intern() -> None:
+    intern = Interner()
+    line = json.dumps(doc(otlp_span(attributes=_attrs(k={"stringValue": "short"})))).encode()
+    a = otlp_native.spans_from_line(line, intern)
+    b = otlp_native.spans_from_line(line, intern)
+    assert a is not None and b is not None
+    assert a[0].trace_id is b[0].trace_id and a[0].name is b[0].name
+    assert a[0].attributes["k"] is b[0].attributes["k"]
+    assert a[0].trace_id in intern.strings and "k" in intern.strings
+
+
+def test_edge_file_reads_as_the_generic_path_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Declined lines go to the typed path; a value with several keys is left out (there the
+    # typed path knowingly differs from the generic one: otlp_typed.py's docstring).
+    declined = [d for case, d in DECLINED.items() if case != "several keys in one value"]
+    lines = _edge_lines() + list(TAKEN.values()) + [d for d in declined if "resourceSpans" in d]
+    path = write_lines(tmp_path / "edge.jsonl", [d for d in lines if _generic_ok(d)])
+    native, generic = _both(path, monkeypatch, fast="native")
+    _same(native, generic)
+    assert len(native.spans) > 30
+
+
+def _generic_ok(d: Any) -> bool:
+    try:
+        _generic(json.dumps(d).encode())
+    except (SourceError, AttributeError, TypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", ["sim_small.jsonl.gz", "reference_server.jsonl.gz", "jaeger_v3_response.json.gz"])
+def test_fixtures_read_the_same(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    native, generic = _both(str(FIXTURES / name), monkeypatch, fast="native")
+    _same(native, generic)
+
+
+def test_simulated_server_output_is_taken_whole_and_matches_the_typed_path(tmp_path: Path) -> None:
+    path = tmp_path / "sim.jsonl"
+    write_jsonl(str(path), SimConfig(duration_s=3, arrival_rate=20, seed=5))
+    a, b = Interner(), Interner()
+    for line in path.read_bytes().splitlines(keepends=True):
+        native = otlp_native.spans_from_line(line, a)
+        assert native is not None
+        if otlp_typed.AVAILABLE:
+            assert native == otlp_typed.spans_from_line(line, b)
+        else:
+            assert repr(native) == repr(_generic(line))
+
+
+def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(doc(otlp_span())) + "\n" + json.dumps(doc(otlp_span(endTimeUnixNano="1"))) + "\n")
+    errors = []
+    for decoder in ("native", "generic"):
+        monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", decoder)
+        with pytest.raises(SourceError) as exc:
+            load_spans(str(path))
+        errors.append(str(exc.value))
+    assert errors[0] == errors[1] and "line 2" in errors[0]
+
+
+def test_an_unknown_decoder_choice_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span())])
+    monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", "fastest")
+    with pytest.raises(SourceError, match="use native, typed or generic"):
+        load_spans(path)
+
+
+def test_double_values_are_correctly_rounded() -> None:
+    """JSON number literals written by hand (not by json.dumps) decode to the same float."""
+    texts = [
+        "0.1",
+        "2.2250738585072014e-308",
+        "1.7976931348623157e308",
+        "5e-324",
+        "0.30000000000000004",
+        "123456789012345678",
+    ]
+    body = ",".join(f'{{"key": "k{i}", "value": {{"doubleValue": {t}}}}}' for i, t in enumerate(texts))
+    line = json.dumps(doc(otlp_span(attributes="@@"))).replace('"@@"', f"[{body}]").encode()
+    spans = otlp_native.spans_from_line(line, Interner())
+    assert spans is not None
+    got = [spans[0].attributes[f"k{i}"] for i in range(len(texts))]
+    assert got == [float(t) for t in texts] and not any(math.isnan(x) for x in got)
