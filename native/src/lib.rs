@@ -604,8 +604,11 @@ fn is_id(s: &str, len: usize) -> bool {
     s.len() == len && s.is_ascii()
 }
 
+mod gpu_idle;
+
 #[pymodule]
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
+    m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     Ok(())
 }

@@ -1,13 +1,29 @@
-"""GPU idle gaps: known idle ratios, cause classification, work-waiting split, sampling."""
+"""GPU idle gaps: known idle ratios, cause classification, work-waiting split, sampling.
+
+Every test runs twice: against the Python sweeps of gpu_idle.py (the reference) and against
+their compiled port in llmtrace-native (skipped, saying so, where it is not built);
+test_gpu_idle_compiled.py compares the two on random engines.
+"""
 
 from __future__ import annotations
 
 import pytest
 
 from llmtrace import semconv as sc
+from llmtrace.analysis import gpu_idle
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.gpu_idle import engine_idle
 from tests.analysis.builders import T0, engine_window, request_trace, span
+
+COMPILED = gpu_idle._compiled_classify_gaps()
+
+
+@pytest.fixture(autouse=True, params=["python", "compiled"])
+def sweeps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "compiled" and COMPILED is None:
+        pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
+    monkeypatch.setattr(gpu_idle, "_native_classify_gaps", COMPILED if request.param == "compiled" else None)
+    return str(request.param)
 
 # Each step: 1 ms schedule, 8 ms forward, 1 ms postprocess, back to back -> 20% idle.
 STEPS = [(10.0 * i, 10.0 * i + 1, 10.0 * i + 9, 10.0 * i + 10) for i in range(10)]
@@ -140,3 +156,4 @@ def test_tokenize_overlapping_a_gap_is_classified_as_tokenize() -> None:
     assert 6_000_000 == e.by_cause_ns["tokenize"]
     assert 4_000_000 == e.by_cause_ns["other"]
     assert e.top_gaps[0].start_ns > T0
+

@@ -40,6 +40,19 @@ from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
 from llmtrace.analysis.stats import pcts
 
+
+def _compiled_classify_gaps() -> Any:
+    """The compiled sweeps of :func:`iter_gaps` (native/src/gpu_idle.rs), or ``None`` when
+    llmtrace-native is not built. This module's Python functions are the reference."""
+    try:
+        from llmtrace_native import classify_gaps  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        return None
+    return classify_gaps
+
+
+_native_classify_gaps = _compiled_classify_gaps()
+
 CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
 _STEP_HOST_CAUSE = {
     sc.SPAN_SCHEDULE: "schedule",
@@ -448,9 +461,19 @@ def iter_gaps(
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
     segs = segments(engine)
+    work = merge(work_intervals(engine, requests, step_runs))
+    if _native_classify_gaps is not None:
+        # The same sweeps compiled: busy union, segment gaps, host painting, classification.
+        extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
+        extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
+        forwards = [f for st in engine.steps for f in st.forwards]
+        hosts = [h for st in engine.steps for h in st.host]
+        found: list[Gap] = _native_classify_gaps(
+            engine.engine_id, segs, forwards, hosts, _HOST_CAUSE_INDEX, extras, work, Gap, CAUSES
+        )
+        return segs, found
     busy = _busy(engine)
     raw = _segment_gaps(segs, busy)
-    work = merge(work_intervals(engine, requests, step_runs))
     return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
 
 
