@@ -302,7 +302,7 @@ impl Decoder {
             None => return Ok(None), // not an OTLP traces document
             Some(rss) => rss.unwrap_or_default(),
         };
-        let ctx = Ctx { py, strings: strings.as_ptr(), decoder: self, seen: RefCell::default() };
+        let ctx = Ctx { py, strings: strings.as_ptr(), decoder: self, seen: RefCell::default(), ids: RefCell::default() };
         match ctx.convert(&rss) {
             Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
             Err(Fail::Decline) => Ok(None),
@@ -318,6 +318,10 @@ struct Ctx<'py, 'd, 'doc> {
     /// The line's interned strings by their text (borrowed: `strings` holds them), so a
     /// trace id or span name repeated in the line is neither copied nor hashed again.
     seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, BuildHasherDefault<FxHasher>>>,
+    /// The line's span ids, so a parent id and its span's own id are one string object (a
+    /// step's four children name it): fewer allocations, less memory. Not interned across
+    /// lines: span ids are unique, a global table would only grow.
+    ids: RefCell<HashMap<&'doc str, Owned, BuildHasherDefault<FxHasher>>>,
 }
 
 impl<'doc> Ctx<'_, '_, 'doc> {
@@ -416,9 +420,9 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         };
         let fields = [
             self.interned(&sp.trace_id)?,
-            self.text(&sp.span_id)?,
+            self.span_id(&sp.span_id)?,
             match parent {
-                Some(p) => self.text(p)?,
+                Some(p) => self.span_id(p)?,
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             },
             self.interned(&sp.name)?,
@@ -545,6 +549,15 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         Owned::new(self.py, unsafe {
             ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t)
         })
+    }
+
+    fn span_id(&self, s: &'doc str) -> Result<Owned, Fail> {
+        if let Some(p) = self.ids.borrow().get(s) {
+            return Ok(self.borrowed(p.0));
+        }
+        let id = self.text(s)?;
+        self.ids.borrow_mut().insert(s, self.borrowed(id.0));
+        Ok(id)
     }
 
     /// `strings.setdefault(s, s)`: the one copy every span shares.
