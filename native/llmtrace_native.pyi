@@ -25,3 +25,5 @@ def classify_gaps(
     gap_type: type[tuple[Any, ...]],
     causes: tuple[str, ...],
 ) -> list[Any]: ...
+
+ABI_VERSION: int

@@ -621,6 +621,9 @@ mod gpu_idle;
 
 #[pymodule]
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
+    // build from another version is then ignored instead of called wrongly.
+    m.add("ABI_VERSION", 1)?;
     m.add_class::<Decoder>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     Ok(())

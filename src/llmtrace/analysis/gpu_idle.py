@@ -36,6 +36,7 @@ from operator import le, lt
 from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
+from llmtrace.analysis._native import native
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
 from llmtrace.analysis.stats import pcts
@@ -43,12 +44,8 @@ from llmtrace.analysis.stats import pcts
 
 def _compiled_classify_gaps() -> Any:
     """The compiled sweeps of :func:`iter_gaps` (native/src/gpu_idle.rs), or ``None`` when
-    llmtrace-native is not built. This module's Python functions are the reference."""
-    try:
-        from llmtrace_native import classify_gaps  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        return None
-    return classify_gaps
+    llmtrace-native is not in use. This module's Python functions are the reference."""
+    return native.classify_gaps if native is not None else None
 
 
 _native_classify_gaps = _compiled_classify_gaps()

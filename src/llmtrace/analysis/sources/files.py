@@ -88,8 +88,9 @@ def line_decoder(source: str) -> LineDecoder | None:
     if choice not in ("", "native", "typed", "generic"):
         raise SourceError(source, f"LLMTRACE_ANALYSIS_DECODER={choice!r}: use native, typed or generic", "environment")
     if choice == "native" and not otlp_native.AVAILABLE:
-        raise SourceError(source, "LLMTRACE_ANALYSIS_DECODER=native, but llmtrace-native is not installed "
-                          "(pip install ./native)", "environment")
+        raise SourceError(source, "LLMTRACE_ANALYSIS_DECODER=native, but llmtrace-native is not in use (not "
+                          "built: pip install ./native; or LLMTRACE_ANALYSIS_NATIVE=0; or built from another "
+                          "version)", "environment")
     native = otlp_native.spans_from_line if otlp_native.AVAILABLE and choice in ("", "native") else None
     typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and choice in ("", "native", "typed") else None
     if native is None or typed is None:

@@ -9,28 +9,27 @@ declines more than the typed path does (``kvlistValue``/``bytesValue`` attribute
 doubles, a value with several keys, non-string service names, duplicate JSON keys); those
 lines go to the typed path.
 
-The module is optional: it is built from ``native/`` by ``pip install ./native`` (needs a
-Rust toolchain; ``.ci/run`` and ``make setup`` do it when ``cargo`` is present). Without it
-:data:`AVAILABLE` is false and nothing changes.
+The module is optional (:mod:`llmtrace.analysis._native` loads it): it is built from
+``native/`` by ``pip install ./native`` (needs a Rust toolchain; ``.ci/run`` and ``make
+setup`` do it when ``cargo`` is present). Without it :data:`AVAILABLE` is false and nothing
+changes but speed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmtrace.analysis._native import native
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
 from llmtrace.analysis.sources.otlp import Interner
 
-try:
-    import llmtrace_native  # type: ignore[import-not-found, unused-ignore]  # optional, built from native/
-except ImportError:  # the Rust module is not built: the Python paths serve every line
-    AVAILABLE = False
-    _decode: Callable[[bytes, dict[str, str]], list[Span] | None] | None = None
-else:
-    AVAILABLE = True
-    _decode = llmtrace_native.Decoder(
-        Span, Link, [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)], EMPTY_ATTRS
-    ).spans_from_line
+AVAILABLE = native is not None
+_decode: Callable[[bytes, dict[str, str]], list[Span] | None] | None = (
+    native.Decoder(Span, Link, [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)], EMPTY_ATTRS)
+    .spans_from_line
+    if native is not None
+    else None
+)
 
 
 def spans_from_line(data: bytes, intern: Interner) -> list[Span] | None:
