@@ -36,32 +36,60 @@ fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
+/// A struct that must be a JSON object. serde's derived structs also accept a JSON array
+/// (fields by position), which the Python paths reject (`[]` has no `.get`): without this
+/// wrapper `{"resourceSpans": [[]]}` would read as an empty document instead of an error.
+struct Obj<T>(T);
+
+impl<T> std::ops::Deref for Obj<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData)).map(Obj)
+    }
+}
+
 #[derive(Deserialize)]
 struct Export<'a> {
     #[serde(rename = "resourceSpans", default, borrow, deserialize_with = "present")]
-    resource_spans: Option<Option<Vec<ResourceSpans<'a>>>>,
+    resource_spans: Option<Option<Vec<Obj<ResourceSpans<'a>>>>>,
 }
 
 #[derive(Deserialize)]
 struct ResourceSpans<'a> {
     #[serde(default, borrow)]
-    resource: Option<Resource<'a>>,
+    resource: Option<Obj<Resource<'a>>>,
     #[serde(rename = "scopeSpans", default, borrow)]
-    scope_spans: Option<Vec<ScopeSpans<'a>>>,
+    scope_spans: Option<Vec<Obj<ScopeSpans<'a>>>>,
     #[serde(rename = "instrumentationLibrarySpans", default, borrow)]
-    library_spans: Option<Vec<ScopeSpans<'a>>>,
+    library_spans: Option<Vec<Obj<ScopeSpans<'a>>>>,
 }
 
 #[derive(Deserialize)]
 struct Resource<'a> {
     #[serde(default, borrow)]
-    attributes: Option<Vec<KeyValue<'a>>>,
+    attributes: Option<Vec<Obj<KeyValue<'a>>>>,
 }
 
 #[derive(Deserialize)]
 struct ScopeSpans<'a> {
     #[serde(default, borrow)]
-    spans: Option<Vec<RawSpan<'a>>>,
+    spans: Option<Vec<Obj<RawSpan<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -81,11 +109,11 @@ struct RawSpan<'a> {
     #[serde(default, borrow, deserialize_with = "present")]
     kind: Option<IntOrStr<'a>>,
     #[serde(default, borrow)]
-    status: Option<Status<'a>>,
+    status: Option<Obj<Status<'a>>>,
     #[serde(default, borrow)]
-    attributes: Option<Vec<KeyValue<'a>>>,
+    attributes: Option<Vec<Obj<KeyValue<'a>>>>,
     #[serde(default, borrow)]
-    links: Option<Vec<RawLink<'a>>>,
+    links: Option<Vec<Obj<RawLink<'a>>>>,
 }
 
 #[derive(Deserialize)]
@@ -107,7 +135,7 @@ struct KeyValue<'a> {
     #[serde(borrow)]
     key: Cow<'a, str>,
     #[serde(borrow)]
-    value: AnyValue<'a>,
+    value: Obj<AnyValue<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -122,7 +150,7 @@ struct AnyValue<'a> {
     #[serde(rename = "boolValue", default, deserialize_with = "present")]
     boolean: Option<bool>,
     #[serde(rename = "arrayValue", default, borrow, deserialize_with = "present")]
-    array: Option<ArrayValue<'a>>,
+    array: Option<Obj<ArrayValue<'a>>>,
     #[serde(rename = "kvlistValue", default, deserialize_with = "present")]
     kvlist: Option<IgnoredAny>,
     #[serde(rename = "bytesValue", default, deserialize_with = "present")]
@@ -132,7 +160,7 @@ struct AnyValue<'a> {
 #[derive(Deserialize)]
 struct ArrayValue<'a> {
     #[serde(default, borrow, deserialize_with = "present")]
-    values: Option<Vec<ArrayElement<'a>>>,
+    values: Option<Vec<Obj<ArrayElement<'a>>>>,
 }
 
 /// An element of an `arrayValue`: the Python path takes its first key in document order,
@@ -294,11 +322,11 @@ impl Decoder {
         let Ok(text) = std::str::from_utf8(data.as_bytes()) else {
             return Ok(None);
         };
-        let doc: Export = match serde_json::from_str(text) {
+        let doc: Obj<Export> = match serde_json::from_str(text) {
             Ok(doc) => doc,
             Err(_) => return Ok(None),
         };
-        let rss = match doc.resource_spans {
+        let rss = match doc.0.resource_spans {
             None => return Ok(None), // not an OTLP traces document
             Some(rss) => rss.unwrap_or_default(),
         };
@@ -325,7 +353,7 @@ struct Ctx<'py, 'd, 'doc> {
 }
 
 impl<'doc> Ctx<'_, '_, 'doc> {
-    fn convert(&self, rss: &'doc [ResourceSpans<'doc>]) -> Result<Owned, Fail> {
+    fn convert(&self, rss: &'doc [Obj<ResourceSpans<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
         let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
         for rs in rss {
@@ -438,7 +466,7 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         self.new_tuple(d.span_type.as_ptr(), fields)
     }
 
-    fn links(&self, raw: &'doc [RawLink<'doc>]) -> Result<Owned, Fail> {
+    fn links(&self, raw: &'doc [Obj<RawLink<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
         if raw.iter().any(|ln| !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16)) {
             return Err(Fail::Decline);
@@ -470,7 +498,7 @@ impl<'doc> Ctx<'_, '_, 'doc> {
 
     /// `otlp_typed._attributes`: keys interned, strings under 64 characters interned,
     /// a value with no known key left out; later duplicates win, as in a dict.
-    fn attributes(&self, raw: &'doc [KeyValue<'doc>]) -> Result<Owned, Fail> {
+    fn attributes(&self, raw: &'doc [Obj<KeyValue<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {

@@ -114,6 +114,11 @@ DECLINED = {
         ]
     },
     "missing name": doc({k: v for k, v in otlp_span().items() if k != "name"}),
+    "array for resourceSpans[0]": {"resourceSpans": [[]]},
+    "array for a scope": {"resourceSpans": [{"scopeSpans": [[]]}]},
+    "array for a span": doc([]),  # type: ignore[arg-type]
+    "array for a value": doc(otlp_span(attributes=[{"key": "k", "value": []}])),
+    "array for a status": doc(otlp_span(status=[1])),
     "metrics document": {"resourceMetrics": []},
     "not an object": [1, 2],
 }
@@ -229,3 +234,67 @@ def test_double_values_are_correctly_rounded() -> None:
     assert spans is not None
     got = [spans[0].attributes[f"k{i}"] for i in range(len(texts))]
     assert got == [float(t) for t in texts] and not any(math.isnan(x) for x in got)
+
+
+# Values a mutation puts anywhere in a document: every JSON type, edge numbers and strings
+# the Python paths treat specially, ids, enum names and AnyValue shapes.
+_MUTANTS: list[Any] = [
+    None, True, False, 0, 1, -1, 2**63, 2**64, 1.5, -0.0, 1e308, "", "x", "1", "+1", " 1", "1_0", "NaN", "é",
+    TID, "b7ad6b7169203331", "ÀÁÂÃÄÅÆÇÈÉÊËÌÍÎÏ", [], {}, [1], {"a": 1}, "SPAN_KIND_SERVER", "STATUS_CODE_ERROR",
+    {"stringValue": "s"}, {"intValue": "3"}, {"doubleValue": 2}, {"boolValue": True},
+    {"arrayValue": {"values": [{"intValue": 1}]}}, {"kvlistValue": {}}, "99999999999999999999",
+]  # fmt: skip
+
+
+def _mutate(d: Any, rng: Any) -> Any:
+    d = json.loads(json.dumps(d))
+    for _ in range(rng.randint(1, 3)):
+        paths: list[tuple[Any, ...]] = []
+
+        def walk(x: Any, path: tuple[Any, ...]) -> None:
+            paths.append(path)
+            items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+            for k, v in items:
+                walk(v, (*path, k))
+
+        walk(d, ())
+        if len(paths) < 2:
+            break
+        path = rng.choice(paths[1:])
+        parent = d
+        for p in path[:-1]:
+            parent = parent[p]
+        if rng.random() < 0.7:
+            parent[path[-1]] = json.loads(json.dumps(rng.choice(_MUTANTS)))
+        elif isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent.append(parent[path[-1]])
+    return d
+
+
+def test_differential_fuzz_against_the_generic_path() -> None:
+    """Random structural mutations of a two-span document: whatever the compiled decoder
+    accepts, the generic path reads to the same spans (and does not reject)."""
+    import random
+
+    rng = random.Random(20261203)
+    base = doc(
+        otlp_span(links=[{"traceId": TID, "spanId": "1111111111111111"}], status={"code": 2}),
+        otlp_span(spanId="2222222222222222", attributes=_attrs(a={"arrayValue": {"values": [{"boolValue": True}]}})),
+    )
+    taken = 0
+    for _ in range(1500):
+        line = json.dumps(_mutate(base, rng), ensure_ascii=rng.random() < 0.5).encode()
+        native = otlp_native.spans_from_line(line, Interner())
+        if native is None:
+            continue
+        taken += 1
+        try:
+            generic = _generic(line)
+        except (SourceError, AttributeError, TypeError, ValueError, KeyError) as exc:
+            raise AssertionError(f"compiled decoder accepted what the generic path rejects ({exc}): {line!r}") from None
+        assert repr(native) == repr(generic), line
+        for x, y in zip(native, generic, strict=True):
+            assert [type(v) for v in x.attributes.values()] == [type(v) for v in y.attributes.values()], line
+    assert taken > 150  # enough mutated documents stay valid to compare
