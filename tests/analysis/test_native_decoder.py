@@ -246,18 +246,16 @@ _MUTANTS: list[Any] = [
 ]  # fmt: skip
 
 
+def _paths(x: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """The path of every node of a JSON value, the root's first."""
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    return [path] + [p for k, v in items for p in _paths(v, (*path, k))]
+
+
 def _mutate(d: Any, rng: Any) -> Any:
     d = json.loads(json.dumps(d))
     for _ in range(rng.randint(1, 3)):
-        paths: list[tuple[Any, ...]] = []
-
-        def walk(x: Any, path: tuple[Any, ...]) -> None:
-            paths.append(path)
-            items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
-            for k, v in items:
-                walk(v, (*path, k))
-
-        walk(d, ())
+        paths = _paths(d)
         if len(paths) < 2:
             break
         path = rng.choice(paths[1:])
