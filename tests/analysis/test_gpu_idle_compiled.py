@@ -57,3 +57,15 @@ def test_compiled_and_python_sweeps_agree(seed: int, monkeypatch: pytest.MonkeyP
     python = gpu_idle.iter_gaps(engine, ts.requests, ts.tokenize)
     assert compiled == python
     assert [type(g) for g in compiled[1]] == [gpu_idle.Gap] * len(python[1])
+
+
+def test_times_beyond_int64_fall_back_to_the_python_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generic decoder accepts any integer time; the compiled sweeps take int64 only."""
+    far = 2**63 // 1_000_000  # ms: beyond int64 once builders.span converts to ns
+    ts = build_traceset(engine_window("dp0", [(far, far + 1.0, far + 9.0, far + 10.0)]))
+    engine = ts.engines["dp0"]
+    monkeypatch.setattr(gpu_idle, "_native_classify_gaps", COMPILED)
+    compiled = gpu_idle.iter_gaps(engine, ts.requests, ts.tokenize)
+    monkeypatch.setattr(gpu_idle, "_native_classify_gaps", None)
+    assert compiled == gpu_idle.iter_gaps(engine, ts.requests, ts.tokenize)
+    assert compiled[0][0][0] > 2**63

@@ -465,10 +465,13 @@ def iter_gaps(
         extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
         forwards = [f for st in engine.steps for f in st.forwards]
         hosts = [h for st in engine.steps for h in st.host]
-        found: list[Gap] = _native_classify_gaps(
-            engine.engine_id, segs, forwards, hosts, _HOST_CAUSE_INDEX, extras, work, Gap, CAUSES
-        )
-        return segs, found
+        try:
+            found: list[Gap] = _native_classify_gaps(
+                engine.engine_id, segs, forwards, hosts, _HOST_CAUSE_INDEX, extras, work, Gap, CAUSES
+            )
+            return segs, found
+        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
+            pass
     busy = _busy(engine)
     raw = _segment_gaps(segs, busy)
     return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
