@@ -7,13 +7,15 @@ test_gpu_idle_compiled.py compares the two on random engines.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import gpu_idle
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.gpu_idle import engine_idle
-from tests.analysis.builders import T0, engine_window, request_trace, span
+from tests.analysis.builders import T0, engine_window, random_engine, request_trace, span
 
 COMPILED = gpu_idle._compiled_classify_gaps()
 
@@ -157,3 +159,18 @@ def test_tokenize_overlapping_a_gap_is_classified_as_tokenize() -> None:
     assert 4_000_000 == e.by_cause_ns["other"]
     assert e.top_gaps[0].start_ns > T0
 
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_gap_accounting_adds_up_on_random_engines(seed: int) -> None:
+    """Invariants on random engines: each gap's causes sum to its length, its work waiting
+    fits in it, it lies in an analysed segment; the totals nest (upstream <= with work <=
+    idle <= covered) and the causes add up to the idle time."""
+    ts = build_traceset(random_engine(random.Random(seed)))
+    e = engine_idle(ts.engines["dp0"], ts.requests, ts.tokenize)
+    for g in e.gaps:
+        assert sum(ns for _, ns in g.causes) == g.duration_ns and all(ns > 0 for _, ns in g.causes)
+        assert 0 <= g.work_waiting_ns <= g.duration_ns
+        assert any(a <= g.start_ns and g.end_ns <= b for a, b in e.segments)
+    assert sum(e.by_cause_ns.values()) == e.idle_ns
+    assert 0 <= e.upstream_ns <= e.with_work_waiting_ns <= e.idle_ns <= e.covered_ns

@@ -9,10 +9,9 @@ import random
 
 import pytest
 
-from llmtrace import semconv as sc
 from llmtrace.analysis import gpu_idle
 from llmtrace.analysis.build import build_traceset
-from tests.analysis.builders import engine_window, request_trace, span
+from tests.analysis.builders import engine_window, random_engine
 
 COMPILED = gpu_idle._compiled_classify_gaps()
 pytestmark = pytest.mark.skipif(
@@ -20,36 +19,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _random_engine(rng: random.Random) -> list:  # type: ignore[type-arg]
-    """Steps with jittered, sometimes overlapping or out-of-order children, gc pauses inside
-    and across host spans, tokenize spans and requests: every branch of the sweeps."""
-    steps = []
-    t = 0.0
-    for _ in range(rng.randint(1, 40)):
-        a = t + rng.choice([0.0, 0.0, rng.uniform(0, 5)])
-        b = a + rng.uniform(0, 2)
-        c = b + rng.choice([0.0, rng.uniform(0, 9)])
-        d = c + rng.uniform(0, 2)
-        if rng.random() < 0.1:  # a child that overlaps its neighbour: the full sweep
-            b, c = c, b
-        steps.append((a, min(b, c), max(b, c), d))
-        t = d + rng.choice([-0.5, 0.0, rng.uniform(0, 4)]) if rng.random() < 0.9 else d
-    end = steps[-1][3]
-    gc = [(x, x + rng.uniform(0, 3)) for x in sorted(rng.uniform(0, end) for _ in range(rng.randint(0, 4)))]
-    attrs = [{sc.LLM_QUEUE_WAITING: rng.choice([0, 0, 2]), sc.LLM_BATCH_SIZE: rng.choice([0, 1, 3])} for _ in steps]
-    spans = engine_window("dp0", steps, gc=gc, per_step_attrs=attrs)
-    for _ in range(rng.randint(0, 3)):
-        x = rng.uniform(-2, end)
-        spans.append(span(sc.SPAN_TOKENIZE, x, x + rng.uniform(0, 5), trace=f"{rng.getrandbits(128):032x}"))
-    for _ in range(rng.randint(0, 3)):
-        x = rng.uniform(0, end)
-        spans += request_trace(f"{rng.getrandbits(128):032x}", x, 0, rng.uniform(0, 3), rng.uniform(0, 9), 1.0)
-    return spans
-
-
 @pytest.mark.parametrize("seed", range(80))
 def test_compiled_and_python_sweeps_agree(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    ts = build_traceset(_random_engine(random.Random(seed)))
+    ts = build_traceset(random_engine(random.Random(seed)))
     engine = ts.engines["dp0"]
     monkeypatch.setattr(gpu_idle, "_native_classify_gaps", COMPILED)
     compiled = gpu_idle.iter_gaps(engine, ts.requests, ts.tokenize)
