@@ -135,11 +135,14 @@ struct KeyValue<'a> {
     #[serde(borrow)]
     key: Cow<'a, str>,
     #[serde(borrow)]
-    value: Obj<AnyValue<'a>>,
+    value: Obj<Value<'a>>,
 }
 
+/// An `AnyValue`. `A` is what an `arrayValue` may hold: the values of an attribute take an
+/// array of [`Element`]s, an element itself no further array (`IgnoredAny`: declined).
 #[derive(Deserialize)]
-struct AnyValue<'a> {
+#[serde(bound(deserialize = "A: Deserialize<'de>"))]
+struct AnyValue<'a, A> {
     #[serde(rename = "stringValue", default, borrow, deserialize_with = "present")]
     string: Option<Cow<'a, str>>,
     #[serde(rename = "intValue", default, borrow, deserialize_with = "present")]
@@ -149,38 +152,25 @@ struct AnyValue<'a> {
     double: Option<f64>,
     #[serde(rename = "boolValue", default, deserialize_with = "present")]
     boolean: Option<bool>,
-    #[serde(rename = "arrayValue", default, borrow, deserialize_with = "present")]
-    array: Option<Obj<ArrayValue<'a>>>,
+    #[serde(rename = "arrayValue", default, deserialize_with = "present")]
+    array: Option<A>,
     #[serde(rename = "kvlistValue", default, deserialize_with = "present")]
     kvlist: Option<IgnoredAny>,
     #[serde(rename = "bytesValue", default, deserialize_with = "present")]
     bytes: Option<IgnoredAny>,
 }
+
+/// An attribute's value.
+type Value<'a> = AnyValue<'a, Obj<ArrayValue<'a>>>;
+
+/// An element of an `arrayValue`: the Python path takes its first key in document order,
+/// so only elements with at most one key are accepted (then the order cannot matter).
+type Element<'a> = AnyValue<'a, IgnoredAny>;
 
 #[derive(Deserialize)]
 struct ArrayValue<'a> {
     #[serde(default, borrow, deserialize_with = "present")]
-    values: Option<Vec<Obj<ArrayElement<'a>>>>,
-}
-
-/// An element of an `arrayValue`: the Python path takes its first key in document order,
-/// so only elements with at most one key are accepted (then the order cannot matter).
-#[derive(Deserialize)]
-struct ArrayElement<'a> {
-    #[serde(rename = "stringValue", default, borrow, deserialize_with = "present")]
-    string: Option<Cow<'a, str>>,
-    #[serde(rename = "intValue", default, borrow, deserialize_with = "present")]
-    int: Option<IntOrStr<'a>>,
-    #[serde(rename = "doubleValue", default, deserialize_with = "present")]
-    double: Option<f64>,
-    #[serde(rename = "boolValue", default, deserialize_with = "present")]
-    boolean: Option<bool>,
-    #[serde(rename = "arrayValue", default, deserialize_with = "present")]
-    array: Option<IgnoredAny>,
-    #[serde(rename = "kvlistValue", default, deserialize_with = "present")]
-    kvlist: Option<IgnoredAny>,
-    #[serde(rename = "bytesValue", default, deserialize_with = "present")]
-    bytes: Option<IgnoredAny>,
+    values: Option<Vec<Obj<Element<'a>>>>,
 }
 
 /// A JSON integer or string (OTLP/JSON writes 64-bit integers as decimal strings).
