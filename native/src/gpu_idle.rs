@@ -41,7 +41,8 @@ fn merge(intervals: &[Interval]) -> Vec<Interval> {
 
 /// `_busy`: forwards that are sorted, disjoint and non-empty are their own union.
 fn busy(forwards: Vec<Interval>) -> Vec<Interval> {
-    let ordered = forwards.iter().all(|&(s, e)| s < e) && forwards.windows(2).all(|w| w[0].1 <= w[1].0);
+    let ordered =
+        forwards.iter().all(|&(s, e)| s < e) && forwards.windows(2).all(|w| w[0].1 <= w[1].0);
     if ordered {
         forwards
     } else {
@@ -93,10 +94,15 @@ impl Painted {
 /// `paint_host`: host spans as they are when sorted and disjoint, gc/tokenize painted in.
 fn paint_host(hosts: Painted, extras: &mut [(i64, i64, u8)]) -> Painted {
     let ok = hosts.starts.iter().zip(&hosts.ends).all(|(s, e)| s <= e)
-        && hosts.ends.iter().zip(hosts.starts.iter().skip(1)).all(|(e, s)| e <= s);
+        && hosts
+            .ends
+            .iter()
+            .zip(hosts.starts.iter().skip(1))
+            .all(|(e, s)| e <= s);
     if !ok {
-        let mut all: Vec<(i64, i64, u8)> =
-            (0..hosts.starts.len()).map(|i| (hosts.starts[i], hosts.ends[i], hosts.causes[i])).collect();
+        let mut all: Vec<(i64, i64, u8)> = (0..hosts.starts.len())
+            .map(|i| (hosts.starts[i], hosts.ends[i], hosts.causes[i]))
+            .collect();
         all.extend_from_slice(extras);
         return sweep(&all);
     }
@@ -134,7 +140,9 @@ fn paint_around(host: &Painted, extras: &[(i64, i64, u8)]) -> Painted {
             break last;
         };
         out.extend_from(host, done, first);
-        let mut under: Vec<(i64, i64, u8)> = (first..last).map(|k| (starts[k], ends[k], host.causes[k])).collect();
+        let mut under: Vec<(i64, i64, u8)> = (first..last)
+            .map(|k| (starts[k], ends[k], host.causes[k]))
+            .collect();
         under.extend_from_slice(&cluster);
         let swept = sweep(&under);
         out.extend_from(&swept, 0, swept.starts.len());
@@ -215,12 +223,20 @@ pub fn classify_gaps<'py>(
 ) -> PyResult<Bound<'py, PyList>> {
     let is_tuple_type = unsafe {
         ffi::PyType_Check(gap_type.as_ptr()) != 0
-            && ffi::PyType_IsSubtype(gap_type.as_ptr().cast(), std::ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0
+            && ffi::PyType_IsSubtype(
+                gap_type.as_ptr().cast(),
+                std::ptr::addr_of_mut!(ffi::PyTuple_Type),
+            ) != 0
     };
     if !is_tuple_type {
-        return Err(pyo3::exceptions::PyTypeError::new_err("gap_type must be a named tuple class"));
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "gap_type must be a named tuple class",
+        ));
     }
-    let fw: Vec<Interval> = forwards.iter().map(|f| span_times(&f)).collect::<PyResult<_>>()?;
+    let fw: Vec<Interval> = forwards
+        .iter()
+        .map(|f| span_times(&f))
+        .collect::<PyResult<_>>()?;
     let mut painted_in = Painted::default();
     for h in hosts.iter() {
         let (s, e) = span_times(&h)?;
@@ -237,7 +253,9 @@ pub fn classify_gaps<'py>(
     let painted = paint_host(painted_in, &mut extras);
     let ncauses = causes.len();
     if ncauses == 0 || ncauses > 8 || extras.iter().any(|x| usize::from(x.2) >= ncauses) {
-        return Err(pyo3::exceptions::PyValueError::new_err("cause indexes out of range"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "cause indexes out of range",
+        ));
     }
     let other = ncauses - 1;
     let names: Vec<Bound<'py, PyAny>> = causes.iter().collect();
@@ -267,11 +285,16 @@ pub fn classify_gaps<'py>(
                 .iter()
                 .enumerate()
                 .filter(|(_, ns)| **ns != 0)
-                .map(|(i, ns)| PyTuple::new(py, [names[i].clone(), ns.into_pyobject(py)?.into_any()]))
+                .map(|(i, ns)| {
+                    PyTuple::new(py, [names[i].clone(), ns.into_pyobject(py)?.into_any()])
+                })
                 .collect::<PyResult<_>>()?;
             PyTuple::new(py, items)?
         } else if b != a {
-            let item = PyTuple::new(py, [names[other].clone(), (b - a).into_pyobject(py)?.into_any()])?;
+            let item = PyTuple::new(
+                py,
+                [names[other].clone(), (b - a).into_pyobject(py)?.into_any()],
+            )?;
             PyTuple::new(py, [item])?
         } else {
             PyTuple::empty(py)
@@ -279,7 +302,11 @@ pub fn classify_gaps<'py>(
         while w < work.len() && work[w].1 <= a {
             w += 1;
         }
-        let waiting = if w < work.len() && work[w].0 <= a && work[w].1 >= b { b - a } else { covered(a, b, &work, w) };
+        let waiting = if w < work.len() && work[w].0 <= a && work[w].1 >= b {
+            b - a
+        } else {
+            covered(a, b, &work, w)
+        };
         let gap = named_tuple(
             py,
             gap_type,

@@ -66,7 +66,12 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
 
 #[derive(Deserialize)]
 struct Export<'a> {
-    #[serde(rename = "resourceSpans", default, borrow, deserialize_with = "present")]
+    #[serde(
+        rename = "resourceSpans",
+        default,
+        borrow,
+        deserialize_with = "present"
+    )]
     resource_spans: Option<Option<Vec<Obj<ResourceSpans<'a>>>>>,
 }
 
@@ -191,7 +196,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for IntOrStr<'a> {
                 Ok(IntOrStr::Int(v))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-                i64::try_from(v).map(IntOrStr::Int).map_err(|_| E::custom("integer out of range"))
+                i64::try_from(v)
+                    .map(IntOrStr::Int)
+                    .map_err(|_| E::custom("integer out of range"))
             }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
                 Ok(IntOrStr::Str(Cow::Borrowed(v)))
@@ -287,16 +294,27 @@ impl Decoder {
         for t in [&span_type, &link_type] {
             let is_tuple_type = unsafe {
                 ffi::PyType_Check(t.as_ptr()) != 0
-                    && ffi::PyType_IsSubtype(t.as_ptr().cast(), ptr::addr_of_mut!(ffi::PyTuple_Type)) != 0
+                    && ffi::PyType_IsSubtype(
+                        t.as_ptr().cast(),
+                        ptr::addr_of_mut!(ffi::PyTuple_Type),
+                    ) != 0
             };
             if !is_tuple_type {
-                return Err(PyTypeError::new_err("Span and Link must be tuple subclasses (named tuples)"));
+                return Err(PyTypeError::new_err(
+                    "Span and Link must be tuple subclasses (named tuples)",
+                ));
             }
         }
         if kinds.len() != 6 || statuses.len() != 3 {
             return Err(PyTypeError::new_err("need 6 span kinds and 3 status codes"));
         }
-        Ok(Decoder { span_type: span_type.unbind(), link_type: link_type.unbind(), kinds, statuses, empty_attrs })
+        Ok(Decoder {
+            span_type: span_type.unbind(),
+            link_type: link_type.unbind(),
+            kinds,
+            statuses,
+            empty_attrs,
+        })
     }
 
     /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
@@ -320,7 +338,13 @@ impl Decoder {
             None => return Ok(None), // not an OTLP traces document
             Some(rss) => rss.unwrap_or_default(),
         };
-        let ctx = Ctx { py, strings: strings.as_ptr(), decoder: self, seen: RefCell::default(), ids: RefCell::default() };
+        let ctx = Ctx {
+            py,
+            strings: strings.as_ptr(),
+            decoder: self,
+            seen: RefCell::default(),
+            ids: RefCell::default(),
+        };
         match ctx.convert(&rss) {
             Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
             Err(Fail::Decline) => Ok(None),
@@ -392,7 +416,12 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         self.text("")
     }
 
-    fn span(&self, sp: &'doc RawSpan<'doc>, service: *mut ffi::PyObject, resource: *mut ffi::PyObject) -> Result<Owned, Fail> {
+    fn span(
+        &self,
+        sp: &'doc RawSpan<'doc>,
+        service: *mut ffi::PyObject,
+        resource: *mut ffi::PyObject,
+    ) -> Result<Owned, Fail> {
         let py = self.py;
         let d = self.decoder;
         // Checks mirror otlp_typed._scope_spans: where the generic path would normalise,
@@ -412,14 +441,20 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         let kind = match &sp.kind {
             None => 1,
             Some(IntOrStr::Int(k)) if (0..6).contains(k) => *k as usize,
-            Some(IntOrStr::Str(s)) => KIND_NAMES.iter().position(|n| *n == s.as_ref()).ok_or(Fail::Decline)?,
+            Some(IntOrStr::Str(s)) => KIND_NAMES
+                .iter()
+                .position(|n| *n == s.as_ref())
+                .ok_or(Fail::Decline)?,
             Some(_) => return Err(Fail::Decline),
         };
         let code = match sp.status.as_ref().and_then(|st| st.code.as_ref()) {
             None => 0,
             Some(IntOrStr::Int(c)) if (0..3).contains(c) => *c as usize,
             Some(IntOrStr::Int(_)) => 0,
-            Some(IntOrStr::Str(s)) => STATUS_NAMES.iter().position(|n| *n == s.as_ref()).unwrap_or(0),
+            Some(IntOrStr::Str(s)) => STATUS_NAMES
+                .iter()
+                .position(|n| *n == s.as_ref())
+                .unwrap_or(0),
         };
         let attrs = match sp.attributes.as_deref() {
             Some(raw) if !raw.is_empty() => {
@@ -458,10 +493,15 @@ impl<'doc> Ctx<'_, '_, 'doc> {
 
     fn links(&self, raw: &'doc [Obj<RawLink<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
-        if raw.iter().any(|ln| !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16)) {
+        if raw
+            .iter()
+            .any(|ln| !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16))
+        {
             return Err(Fail::Decline);
         }
-        let tuple = Owned::new(py, unsafe { ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t) })?;
+        let tuple = Owned::new(py, unsafe {
+            ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t)
+        })?;
         for (i, ln) in raw.iter().enumerate() {
             let fields = [self.interned(&ln.trace_id)?, self.text(&ln.span_id)?];
             let link = self.new_tuple(self.decoder.link_type.as_ptr(), fields)?;
@@ -471,7 +511,11 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     }
 
     /// A new instance of the named-tuple class `cls` holding `fields` (references stolen).
-    fn new_tuple<const N: usize>(&self, cls: *mut ffi::PyObject, fields: [Owned; N]) -> Result<Owned, Fail> {
+    fn new_tuple<const N: usize>(
+        &self,
+        cls: *mut ffi::PyObject,
+        fields: [Owned; N],
+    ) -> Result<Owned, Fail> {
         let tp = cls.cast::<ffi::PyTypeObject>();
         // tp_alloc of a tuple subclass is PyType_GenericAlloc: `N` zeroed item slots, as
         // tuple.__new__(cls, fields) would make (named tuples add no fields of their own).
@@ -496,7 +540,13 @@ impl<'doc> Ctx<'_, '_, 'doc> {
             if v.kvlist.is_some() || v.bytes.is_some() {
                 return Err(Fail::Decline);
             }
-            let set = [v.string.is_some(), v.int.is_some(), v.double.is_some(), v.boolean.is_some(), v.array.is_some()];
+            let set = [
+                v.string.is_some(),
+                v.int.is_some(),
+                v.double.is_some(),
+                v.boolean.is_some(),
+                v.array.is_some(),
+            ];
             if set.iter().filter(|x| **x).count() > 1 {
                 return Err(Fail::Decline); // the generic path takes the first in document order
             }
@@ -529,12 +579,19 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     fn array(&self, arr: &ArrayValue) -> Result<Owned, Fail> {
         let py = self.py;
         let values = arr.values.as_deref().unwrap_or_default();
-        let tuple = Owned::new(py, unsafe { ffi::PyTuple_New(values.len() as ffi::Py_ssize_t) })?;
+        let tuple = Owned::new(py, unsafe {
+            ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
+        })?;
         for (i, e) in values.iter().enumerate() {
             if e.array.is_some() || e.kvlist.is_some() || e.bytes.is_some() {
                 return Err(Fail::Decline);
             }
-            let set = [e.string.is_some(), e.int.is_some(), e.double.is_some(), e.boolean.is_some()];
+            let set = [
+                e.string.is_some(),
+                e.int.is_some(),
+                e.double.is_some(),
+                e.boolean.is_some(),
+            ];
             if set.iter().filter(|x| **x).count() > 1 {
                 return Err(Fail::Decline); // the Python path takes the first in document order
             }
@@ -555,7 +612,13 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     }
 
     fn boolean(&self, b: bool) -> Owned {
-        self.borrowed(unsafe { if b { ffi::Py_True() } else { ffi::Py_False() } })
+        self.borrowed(unsafe {
+            if b {
+                ffi::Py_True()
+            } else {
+                ffi::Py_False()
+            }
+        })
     }
 
     fn borrowed(&self, p: *mut ffi::PyObject) -> Owned {
