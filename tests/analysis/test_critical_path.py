@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from llmtrace.analysis import analyze, build_traceset
 from llmtrace.analysis.critical_path import aggregate, critical_path, exclusive_by_name
-from llmtrace.analysis.model import Link, Trace
+from llmtrace.analysis.model import Link, Span, SpanKind, Trace
 from tests.analysis.builders import T0, request_trace, span
 
 
@@ -99,6 +100,29 @@ def test_zero_length_children_terminate() -> None:
     root = span("root", 0, 10)
     spans = [root, span("z1", 5, 5, parent=root), span("z2", 5, 5, parent=root)]
     assert [("root", 5, 10), ("root", 0, 5)] == _path(Trace.build(root.trace_id, spans))
+
+
+def _cycle() -> list[Span]:
+    """A SERVER span whose parent id names its own child, the request (corrupt data)."""
+    server_id, request_id = "1" * 16, "2" * 16
+    server = span("POST", 0, 10, span_id=server_id, parent_id=request_id, kind=SpanKind.SERVER)
+    request = span("llm.request", 1, 9, span_id=request_id, parent_id=server_id)
+    return [server, request, span("llm.decode", 2, 8, parent=request)]
+
+
+def test_a_parent_cycle_ends_the_walk() -> None:
+    """Found by fuzzing: the walk re-entered the server under its own child without end,
+    until the machine ran out of memory. A span already on the path is not entered again."""
+    spans = _cycle()
+    path = _path(Trace.build(spans[0].trace_id, spans), "POST")
+    assert [("POST", 9, 10), ("llm.request", 8, 9), ("llm.decode", 2, 8), ("llm.request", 1, 2), ("POST", 0, 1)] == path
+
+
+def test_a_request_in_a_parent_cycle_is_analysed() -> None:
+    """The whole analysis of such a trace finishes, with the request and its latency."""
+    summary = analyze(build_traceset(_cycle()))
+    assert summary.requests["count"] == 1
+    assert [s.name for s in summary.critical_path] == ["llm.decode", "POST", "llm.request"]  # ties by name
 
 
 def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:

@@ -71,6 +71,10 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
         (root, root.start_ns, _clipped_children(trace, root, root.start_ns, root.end_ns), [0], (root.name,))
     ]
     returning = root.end_ns
+    # Spans on the current path. Corrupt data can make parent ids form a cycle (a request
+    # whose HTTP parent names the request as its own parent): a child already on the path
+    # is not descended into again, or the walk would never end.
+    on_path = {root.span_id}
     while frames:
         span, lo, kids, cursor, stack = frames[-1]
         end = returning
@@ -79,7 +83,7 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
         while i < len(kids):
             k = kids[i]
             i += 1
-            if k[1] <= end + overlap_allowance_ns and k[0] < end:
+            if k[1] <= end + overlap_allowance_ns and k[0] < end and k[2].span_id not in on_path:
                 chosen = k
                 break
         cursor[0] = i
@@ -89,11 +93,13 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
             if cut < end:
                 sections.append(_new_section(span, cut, end, stack))
             frames.append((child, cs, _clipped_children(trace, child, cs, cut), [0], (*stack, child.name)))
+            on_path.add(child.span_id)
             returning = cut
         else:
             if lo < end:
                 sections.append(_new_section(span, lo, end, stack))
             frames.pop()
+            on_path.discard(span.span_id)
             returning = lo
     return sections
 
