@@ -210,3 +210,43 @@ def test_out_of_range_options_are_usage_errors(
         main(argv)
     assert 2 == exit_info.value.code
     assert expected in capsys.readouterr().err
+
+
+def test_non_finite_and_huge_numbers_read_as_absent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by fuzzing `llmtrace analyze`: a "NaN" time to first token (OTLP/JSON allows it),
+    an infinite latency or an output-token count beyond float range ended in an internal
+    error. Such values are not measurements: they read as absent and the analysis completes."""
+    from tests.analysis.test_sources import doc, otlp_span
+
+    def attrs(**values: dict[str, object]) -> list[dict[str, object]]:
+        return [{"key": k, "value": v} for k, v in values.items()]
+
+    request = otlp_span(
+        attributes=attrs(
+            **{
+                "gen_ai.latency.time_to_first_token": {"doubleValue": "NaN"},
+                "gen_ai.latency.e2e": {"doubleValue": "Infinity"},
+                "gen_ai.usage.output_tokens": {"intValue": "9" * 400},
+                "gen_ai.usage.input_tokens": {"doubleValue": "-Infinity"},
+            }
+        )
+    )
+    vllm = otlp_span(
+        spanId="2222222222222222",
+        parentSpanId=None,
+        traceId="1" * 32,
+        name="llm_request",
+        attributes=attrs(
+            **{
+                "gen_ai.latency.time_in_model_decode": {"doubleValue": "Infinity"},
+                "gen_ai.latency.time_to_first_token": {"doubleValue": 1e308},
+            }
+        ),
+    )
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps(doc(request)) + "\n" + json.dumps(doc(vllm)) + "\n")
+    out = tmp_path / "summary.json"
+    assert 0 == main(["analyze", str(path), "--json", str(out)])
+    assert "internal error" not in capsys.readouterr().err
+    summary = json.loads(out.read_text())
+    assert summary["requests"]["count"] == 2

@@ -85,9 +85,7 @@ def test_enum_names_and_base64_ids_are_accepted(tmp_path: Path) -> None:
     """Proto enum names (SPAN_KIND_SERVER) and legacy base64 ids decode to the same model."""
     b64_trace = base64.b64encode(bytes.fromhex(TID)).decode()
     b64_span = base64.b64encode(bytes.fromhex(SID)).decode()
-    sp = otlp_span(
-        kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_OK"}, traceId=b64_trace, spanId=b64_span
-    )
+    sp = otlp_span(kind="SPAN_KIND_SERVER", status={"code": "STATUS_CODE_OK"}, traceId=b64_trace, spanId=b64_span)
     [s] = load_spans(write_lines(tmp_path / "t.jsonl", [doc(sp)])).spans
     assert (s.trace_id, s.span_id, s.kind, s.status) == (TID, SID, SpanKind.SERVER, StatusCode.OK)
 
@@ -116,7 +114,7 @@ def test_gzip_is_detected_by_content(tmp_path: Path) -> None:
 @pytest.mark.parametrize("layout", ["lines", "pretty", "gzip"])
 def test_a_utf8_byte_order_mark_is_skipped(tmp_path: Path, layout: str) -> None:
     """Files saved by Windows tools (PowerShell's Out-File, Notepad) start with a UTF-8 BOM."""
-    body = (json.dumps(doc(otlp_span()), indent=2) if layout == "pretty" else json.dumps(doc(otlp_span())) + "\r\n")
+    body = json.dumps(doc(otlp_span()), indent=2) if layout == "pretty" else json.dumps(doc(otlp_span())) + "\r\n"
     data = b"\xef\xbb\xbf" + body.encode()
     path = tmp_path / "saved.json"
     path.write_bytes(gzip.compress(data) if layout == "gzip" else data)
@@ -194,9 +192,7 @@ def test_unknown_span_kind_is_read_as_unspecified_with_a_warning(tmp_path: Path)
         ('{"hello": "world"}\n', "line 1", "not an OTLP or Jaeger trace document"),
     ],
 )
-def test_malformed_input_names_source_and_position(
-    tmp_path: Path, content: str, position: str, message: str
-) -> None:
+def test_malformed_input_names_source_and_position(tmp_path: Path, content: str, position: str, message: str) -> None:
     """Malformed JSON, a cut-off last line, a non-trace document: SourceError naming file and line."""
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -204,6 +200,37 @@ def test_malformed_input_names_source_and_position(
         load_spans(str(path))
     assert str(err.value).startswith(f"{path}:{position}")
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("document", "where", "message"),
+    [
+        ({"resourceSpans": [{"resource": True, "scopeSpans": []}]}, r"resourceSpans\[0\]", "bad resourceSpans entry"),
+        ({"resourceSpans": ["x"]}, r"resourceSpans\[0\]", "bad resourceSpans entry"),
+        ({"resourceSpans": 5}, r"resourceSpans\[0\]", "bad resourceSpans entry"),
+        ({"resourceSpans": [{"scopeSpans": "abc"}]}, r"resourceSpans\[0\]\.scopeSpans\[0\]", "bad"),
+        (
+            {"resourceSpans": [{"resource": {"attributes": [{"value": {}}]}}]},
+            r"resourceSpans\[0\]",
+            "missing field 'key'",
+        ),
+        (
+            {"resourceSpans": [{"scopeSpans": [{"spans": 1.5}]}]},
+            r"resourceSpans\[0\]\.scopeSpans\[0\]\.spans\[0\]",
+            "bad span",
+        ),
+        ({"data": [{"processes": {"p1": "x"}, "spans": []}]}, r"data\[0\]\.processes", "bad span"),
+        ({"data": [{"processes": "x", "spans": []}]}, r"data\[0\]\.processes", "bad span"),
+    ],
+)
+def test_ill_typed_structure_outside_spans_is_a_source_error(
+    tmp_path: Path, document: Any, where: str, message: str
+) -> None:
+    """Found by fuzzing `llmtrace analyze`: a resource, scope or Jaeger process of the wrong
+    JSON type escaped as an internal error; it is a SourceError with its position."""
+    path = write_lines(tmp_path / "t.jsonl", [document])
+    with pytest.raises(SourceError, match=rf"line 1: {where}.*{message}"):
+        load_spans(path)
 
 
 def test_missing_field_names_the_span(tmp_path: Path) -> None:

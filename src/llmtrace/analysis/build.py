@@ -21,6 +21,7 @@ from llmtrace import semconv as sc
 from llmtrace.analysis import vllm_native
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.model import (
+    FINITE_LIMIT,
     EngineView,
     RequestView,
     Span,
@@ -30,6 +31,7 @@ from llmtrace.analysis.model import (
     TraceSet,
     WindowView,
     fast_constructor,
+    finite_number,
 )
 
 _new_step = fast_constructor(StepView)
@@ -222,7 +224,7 @@ def _step_view(trace: Trace, span: Span) -> StepView:
         elif name in _HOST_STEP_CHILDREN:
             host.append(child)
     get: Any = span.attributes.get
-    # _num inlined for the plain int/float values every parsed span carries.
+    # _num inlined for the plain, finite int/float values every parsed span carries.
     bs: Any = get(sc.LLM_BATCH_SIZE)
     wt: Any = get(sc.LLM_QUEUE_WAITING)
     rn: Any = get(sc.LLM_QUEUE_RUNNING)
@@ -236,21 +238,21 @@ def _step_view(trace: Trace, span: Span) -> StepView:
         sid if sid.__class__ is int else _int(sid),
         tuple(forwards),
         tuple(host),
-        float(bs) if bs.__class__ in _PLAIN_NUM else _num(bs, 0.0),
-        float(wt) if wt.__class__ in _PLAIN_NUM else _num(wt, 0.0),
-        float(rn) if rn.__class__ in _PLAIN_NUM else _num(rn, 0.0),
-        float(kv) if kv.__class__ in _PLAIN_NUM else _num(kv, -1.0),
-        float(pe) if pe.__class__ in _PLAIN_NUM else _num(pe, 0.0),
+        float(bs) if bs.__class__ in _PLAIN_NUM and -_LIMIT < bs < _LIMIT else _num(bs, 0.0),
+        float(wt) if wt.__class__ in _PLAIN_NUM and -_LIMIT < wt < _LIMIT else _num(wt, 0.0),
+        float(rn) if rn.__class__ in _PLAIN_NUM and -_LIMIT < rn < _LIMIT else _num(rn, 0.0),
+        float(kv) if kv.__class__ in _PLAIN_NUM and -_LIMIT < kv < _LIMIT else _num(kv, -1.0),
+        float(pe) if pe.__class__ in _PLAIN_NUM and -_LIMIT < pe < _LIMIT else _num(pe, 0.0),
     )
 
 
 _PLAIN_NUM: frozenset[Any] = frozenset((int, float))
+_LIMIT = FINITE_LIMIT
 
 
 def _num(value: Any, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
+    number = finite_number(value)
+    return default if number is None else number
 
 
 def _window_view(trace: Trace, span: Span) -> WindowView:

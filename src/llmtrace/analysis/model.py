@@ -29,6 +29,16 @@ from llmtrace import semconv as sc
 
 AttrValue = Any
 _F = TypeVar("_F")
+#: Numeric attributes beyond this are not measurements (NaN and infinities fail both
+#: comparisons; a huge integer would overflow float()): they read as absent.
+FINITE_LIMIT = 1e300
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a real, finite int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -FINITE_LIMIT < value < FINITE_LIMIT:
+        return None
+    return float(value)
 Attributes = Mapping[str, AttrValue]
 EMPTY_ATTRS: Attributes = MappingProxyType({})
 
@@ -182,10 +192,7 @@ class RequestView:
         return self.server if self.server is not None else self.request
 
     def num(self, key: str) -> float | None:
-        value = self.request.attributes.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None
-        return float(value)
+        return finite_number(self.request.attributes.get(key))
 
     @property
     def request_id(self) -> str:
@@ -248,10 +255,8 @@ class StepView:
     preempted: float = 0.0
 
     def num(self, key: str, default: float = 0.0) -> float:
-        value = self.step.attributes.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return default
-        return float(value)
+        value = finite_number(self.step.attributes.get(key))
+        return default if value is None else value
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,11 +28,10 @@ vLLM's tracing) is left alone: that request is already described, and better.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from llmtrace import semconv as sc
-from llmtrace.analysis.model import Span, SpanKind, Trace
+from llmtrace.analysis.model import Span, SpanKind, Trace, finite_number
 
 #: Marks a span this module derived (its value: the span it was derived from).
 DERIVED_FROM = "llmtrace.derived_from"
@@ -44,10 +43,10 @@ _PHASE_ATTRS = (
 
 
 def _seconds(attributes: Any, key: str) -> float | None:
-    value = attributes.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value) or value < 0:
-        return None  # absent, not a number, NaN or negative: no phase is placed from it
-    return float(value)
+    value = finite_number(attributes.get(key))
+    if value is None or value < 0:
+        return None  # absent, not a number, NaN, infinite or negative: no phase is placed from it
+    return value
 
 
 def derived_phases(request: Span) -> list[Span]:

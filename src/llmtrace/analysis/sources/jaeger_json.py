@@ -42,19 +42,23 @@ def _tags(raw: Any, intern: Interner) -> dict[str, Any]:
 def spans_from_jaeger_legacy(doc: Mapping[str, Any], *, source: str, position: str, intern: Interner) -> list[Span]:
     """The spans of every trace in a ``{"data": [...]}`` response."""
     out: list[Span] = []
-    for ti, trace in enumerate(doc.get("data") or ()):
-        processes: dict[str, tuple[str, Mapping[str, Any]]] = {}
-        for pid, proc in (trace.get("processes") or {}).items():
-            attrs = _tags(proc.get("tags"), intern)
-            service = intern(str(proc.get("serviceName", "")))
-            attrs.setdefault("service.name", service)
-            processes[pid] = (service, attrs or EMPTY_ATTRS)
-        for si, sp in enumerate(trace.get("spans") or ()):
-            try:
+    ti = 0
+    si: int | None = None  # the failing span's index; None while reading the processes
+    try:
+        for ti, trace in enumerate(doc.get("data") or ()):  # noqa: B007 - ti names the failing trace
+            si = None
+            processes: dict[str, tuple[str, Mapping[str, Any]]] = {}
+            for pid, proc in (trace.get("processes") or {}).items():
+                attrs = _tags(proc.get("tags"), intern)
+                service = intern(str(proc.get("serviceName", "")))
+                attrs.setdefault("service.name", service)
+                processes[pid] = (service, attrs or EMPTY_ATTRS)
+            for si, sp in enumerate(trace.get("spans") or ()):  # noqa: B007 - si names the failing span
                 out.append(_span(sp, processes, intern))
-            except (KeyError, ValueError, TypeError, AttributeError) as exc:
-                msg = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"bad span: {exc}"
-                raise SourceError(source, msg, f"{position}: data[{ti}].spans[{si}]") from None
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        msg = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"bad span: {exc}"
+        where = f"{position}: data[{ti}]" + (f".spans[{si}]" if si is not None else ".processes")
+        raise SourceError(source, msg, where) from None
     return out
 
 

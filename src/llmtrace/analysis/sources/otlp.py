@@ -136,24 +136,34 @@ def spans_from_otlp(doc: Mapping[str, Any], *, source: str, position: str, inter
     """
     out: list[Span] = []
     append = out.append
-    for ri, rs in enumerate(doc.get("resourceSpans") or ()):
-        service, resource = _resource(rs.get("resource"), intern)
-        scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
-        for si, ss in enumerate(scopes):
-            pi = 0
-            try:
-                for pi, sp in enumerate(ss.get("spans") or ()):  # noqa: B007 - pi names the failing span
+    # Where a failure is: how deep the loops are (0 resource, 1 scope, 2 span) and their
+    # indexes; the path text is only built for the error.
+    depth = ri = si = pi = 0
+    try:
+        for ri, rs in enumerate(doc.get("resourceSpans") or ()):  # noqa: B007 - ri names the failing part
+            depth = 0
+            service, resource = _resource(rs.get("resource"), intern)
+            scopes = rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or ()
+            for si, ss in enumerate(scopes):  # noqa: B007 - si names the failing part
+                depth = 1
+                spans = ss.get("spans") or ()
+                depth, pi = 2, 0
+                for pi, sp in enumerate(spans):  # noqa: B007 - pi names the failing span
                     append(_span(sp, service, resource, intern))
-            except (KeyError, ValueError, TypeError, AttributeError) as exc:
-                where = f"{position}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
-                raise SourceError(source, _describe(exc), where) from None
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        where = f"{position}: resourceSpans[{ri}]"
+        if depth >= 1:
+            where += f".scopeSpans[{si}]"
+        if depth == 2:
+            where += f".spans[{pi}]"
+        raise SourceError(source, _describe(exc, "span" if depth == 2 else "resourceSpans entry"), where) from None
     return out
 
 
-def _describe(exc: Exception) -> str:
+def _describe(exc: Exception, what: str = "span") -> str:
     if isinstance(exc, KeyError):
         return f"missing field {exc.args[0]!r}"
-    return f"bad span: {exc}"
+    return f"bad {what}: {exc}"
 
 
 def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], intern: Interner) -> Span:
