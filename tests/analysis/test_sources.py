@@ -221,13 +221,35 @@ def test_malformed_input_names_source_and_position(tmp_path: Path, content: str,
         ),
         ({"data": [{"processes": {"p1": "x"}, "spans": []}]}, r"data\[0\]\.processes", "bad span"),
         ({"data": [{"processes": "x", "spans": []}]}, r"data\[0\]\.processes", "bad span"),
+        (doc(otlp_span(name=5)), r"resourceSpans\[0\]\.scopeSpans\[0\]\.spans\[0\]", "name 5 is not a string"),
+        (doc(otlp_span(attributes=[{"key": 1, "value": {}}])), r"resourceSpans.*spans\[0\]", "key 1 is not a string"),
+        (doc(otlp_span(endTimeUnixNano=str(2**64))), r"resourceSpans.*spans\[0\]", "beyond the 64-bit range"),
+        (
+            {"data": [{"spans": [{"traceID": TID, "spanID": SID, "operationName": 7, "startTime": 1, "duration": 1}]}]},
+            r"data\[0\]\.spans\[0\]",
+            "operationName 7 is not a string",
+        ),
+        (
+            {
+                "data": [
+                    {
+                        "spans": [
+                            {"traceID": TID, "spanID": SID, "operationName": "x", "startTime": 2**60, "duration": 1}
+                        ]
+                    }
+                ]
+            },
+            r"data\[0\]\.spans\[0\]",
+            "beyond the 64-bit range",
+        ),
     ],
 )
 def test_ill_typed_structure_outside_spans_is_a_source_error(
     tmp_path: Path, document: Any, where: str, message: str
 ) -> None:
     """Found by fuzzing `llmtrace analyze`: a resource, scope or Jaeger process of the wrong
-    JSON type escaped as an internal error; it is a SourceError with its position."""
+    JSON type, a name or attribute key that is not a string, a time beyond 64 bits escaped
+    as internal errors (or broke the reports); each is a SourceError with its position."""
     path = write_lines(tmp_path / "t.jsonl", [document])
     with pytest.raises(SourceError, match=rf"line 1: {where}.*{message}"):
         load_spans(path)

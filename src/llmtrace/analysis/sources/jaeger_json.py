@@ -16,7 +16,7 @@ from typing import Any
 
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
-from llmtrace.analysis.sources.otlp import Interner
+from llmtrace.analysis.sources.otlp import TIME_LIMIT_NS, Interner
 
 _KIND_TAG = {
     "server": SpanKind.SERVER,
@@ -35,7 +35,10 @@ def _tags(raw: Any, intern: Interner) -> dict[str, Any]:
         value = t.get("value")
         if t.get("type") == "int64" and isinstance(value, str):
             value = int(value)
-        out[intern(t["key"])] = value
+        key = t["key"]
+        if key.__class__ is not str:
+            raise ValueError(f"tag key {key!r} is not a string")
+        out[intern(key)] = value
     return out
 
 
@@ -88,12 +91,17 @@ def _span(sp: Mapping[str, Any], processes: Mapping[str, tuple[str, Mapping[str,
     duration = int(sp["duration"]) * _US
     if duration < 0:
         raise ValueError("negative duration")
+    if start <= -TIME_LIMIT_NS or start + duration >= TIME_LIMIT_NS:
+        raise ValueError(f"time {start + duration} ns is beyond the 64-bit range of span times")
     trace_id = str(sp["traceID"]).lower().rjust(32, "0")
+    name = sp["operationName"]
+    if name.__class__ is not str:
+        raise ValueError(f"operationName {name!r} is not a string")
     return Span(
         intern(trace_id),
         str(sp["spanID"]).lower().rjust(16, "0"),
         parent.rjust(16, "0") if parent else None,
-        intern(sp["operationName"]),
+        intern(name),
         start,
         start + duration,
         kind,

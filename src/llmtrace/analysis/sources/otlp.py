@@ -22,6 +22,10 @@ from typing import Any
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
 
+#: OTLP times are 64-bit nanoseconds; a value beyond is corrupt (every source checks it, so
+#: no analyzer has to guard its arithmetic against astronomically large times).
+TIME_LIMIT_NS = 2**64
+
 _KIND_NAMES = {
     "SPAN_KIND_UNSPECIFIED": SpanKind.UNSPECIFIED,
     "SPAN_KIND_INTERNAL": SpanKind.INTERNAL,
@@ -106,6 +110,8 @@ def _attributes(raw: Any, intern: Interner) -> dict[str, Any]:
     strings = intern.strings
     for kv in raw:
         key = kv["key"]
+        if key.__class__ is not str:
+            raise ValueError(f"attribute key {key!r} is not a string")
         for k, x in kv["value"].items():
             if k == "stringValue":
                 out[strings.setdefault(key, key)] = strings.setdefault(x, x) if len(x) < 64 else x
@@ -190,8 +196,12 @@ def _span(sp: Mapping[str, Any], service: str, resource: Mapping[str, Any], inte
     start, end = int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"])
     if end < start:
         raise ValueError(f"ends {start - end} ns before it starts")
+    if start <= -TIME_LIMIT_NS or end >= TIME_LIMIT_NS:
+        raise ValueError(f"time {max(abs(start), end)} ns is beyond the 64-bit range of OTLP times")
     links = sp.get("links")
     name = sp["name"]
+    if name.__class__ is not str:
+        raise ValueError(f"name {name!r} is not a string")
     fields = (
         tid,
         sid,

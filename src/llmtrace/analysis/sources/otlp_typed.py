@@ -30,7 +30,7 @@ from operator import attrgetter, gt
 from typing import Annotated, Any
 
 from llmtrace.analysis.model import EMPTY_ATTRS, Attributes, Link, Span, StatusCode
-from llmtrace.analysis.sources.otlp import _KINDS, _STATUS, Interner, _array, _kvlist
+from llmtrace.analysis.sources.otlp import _KINDS, _STATUS, TIME_LIMIT_NS, Interner, _array, _kvlist
 
 try:
     import msgspec
@@ -164,7 +164,7 @@ def _scope_spans(spans: list[Any], service: str, resource: Attributes, sd: Any) 
     names = list(map(_NAME, spans))
     starts = list(map(int, map(_START, spans)))
     ends = list(map(int, map(_END, spans)))
-    if any(map(gt, starts, ends)):
+    if any(map(gt, starts, ends)) or min(starts) <= -TIME_LIMIT_NS or max(ends) >= TIME_LIMIT_NS:
         raise _Fallback
     kinds = list(map(_KINDS.__getitem__, map(_KIND, spans)))  # KeyError (unknown kind): fallback
     statuses = list(map(_STATUS_OF, spans))
