@@ -85,6 +85,35 @@ def test_compare_reads_a_summary_saved_again_with_sorted_keys(
     assert "no regression" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"samples": {"ttft_s": [1, "x", None, {}], "e2e_s": "all"}},
+        {"samples": []},
+        {"gpu_idle": ["dp0"]},
+        {"gpu_idle": {"dp0": 0.5}},
+        {"requests": {"ttft_s": {"p50": "fast", "p90": None}}},
+    ],
+)
+def test_compare_survives_a_damaged_summary(
+    sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: dict[str, object]
+) -> None:
+    """Found by fuzzing `llmtrace compare`: a hand-edited summary with samples or engine
+    entries of the wrong type ended in an internal error. Values that are not numbers are
+    left out of the comparison; the rest is compared."""
+    base = tmp_path / "base.json"
+    assert 0 == main(["analyze", str(sim), "--json", str(base), "-q"])
+    doc = json.loads(base.read_text())
+    for key, value in damage.items():
+        doc[key] = {**doc[key], **value} if isinstance(value, dict) and isinstance(doc[key], dict) else value
+    damaged = tmp_path / "damaged.json"
+    damaged.write_text(json.dumps(doc))
+    for pair in ([base, damaged], [damaged, base]):
+        assert main(["compare", *map(str, pair)]) in (0, 1)
+        captured = capsys.readouterr()
+        assert "internal error" not in captured.err and "requests.e2e_s.p50" in captured.out
+
+
 def test_compare_rejects_a_summary_of_another_schema_version(
     sim: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

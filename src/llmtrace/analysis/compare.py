@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrace.analysis.errors import SummaryError
+from llmtrace.analysis.model import finite_number
 from llmtrace.analysis.stats import mann_whitney_greater
 from llmtrace.analysis.summary import SCHEMA, SCHEMA_VERSION
 
@@ -59,7 +60,16 @@ def _get(doc: Mapping[str, Any], path: str) -> float | None:
         if not isinstance(cur, Mapping) or part not in cur:
             return None
         cur = cur[part]
-    return float(cur) if isinstance(cur, int | float) and not isinstance(cur, bool) else None
+    return finite_number(cur)
+
+
+def _samples(doc: Mapping[str, Any]) -> dict[str, list[float]]:
+    """The summary's per-request samples, numbers only: a hand-edited or damaged summary
+    makes a test run on fewer samples (or none), never a crash."""
+    raw = doc.get("samples")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: [f for x in v if (f := finite_number(x)) is not None] for k, v in raw.items() if isinstance(v, list)}
 
 
 def check_summary(doc: Any, name: str) -> Mapping[str, Any]:
@@ -81,7 +91,7 @@ def compare(
 ) -> list[Delta]:
     """Per-metric deltas of ``current`` against ``base``; ``regression`` marks the failures."""
     out = []
-    bs, cs = base.get("samples") or {}, current.get("samples") or {}
+    bs, cs = _samples(base), _samples(current)
     for path, sample_key, higher_better in _METRICS:
         b, c = _get(base, path), _get(current, path)
         if b is None or c is None:
@@ -99,10 +109,11 @@ def compare(
                 note = "untested: too few samples"
         regression = worse > threshold and (p is None or p < alpha)
         out.append(Delta(path, b, c, change, p, regression, note))
-    engines = set(base.get("gpu_idle") or {}) & set(current.get("gpu_idle") or {})
+    bg, cg = base.get("gpu_idle"), current.get("gpu_idle")
+    engines = set(bg) & set(cg) if isinstance(bg, Mapping) and isinstance(cg, Mapping) else set()
     for eid in sorted(engines):
         path = f"gpu_idle.{eid}.ratio"  # engine ids may contain dots: index directly
-        b, c = _get(base["gpu_idle"][eid], "ratio"), _get(current["gpu_idle"][eid], "ratio")
+        b, c = _get(bg[eid], "ratio"), _get(cg[eid], "ratio")
         if b is None or c is None:
             continue
         out.append(Delta(path, b, c, c - b, None, c - b > IDLE_POINTS, "absolute points"))
