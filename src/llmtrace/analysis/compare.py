@@ -110,8 +110,9 @@ def compare(
         regression = worse > threshold and (p is None or p < alpha)
         out.append(Delta(path, b, c, change, p, regression, note))
     bg, cg = base.get("gpu_idle"), current.get("gpu_idle")
-    engines = set(bg) & set(cg) if isinstance(bg, Mapping) and isinstance(cg, Mapping) else set()
-    for eid in sorted(engines):
+    if not isinstance(bg, Mapping) or not isinstance(cg, Mapping):
+        return out
+    for eid in sorted(set(bg) & set(cg)):
         path = f"gpu_idle.{eid}.ratio"  # engine ids may contain dots: index directly
         b, c = _get(bg[eid], "ratio"), _get(cg[eid], "ratio")
         if b is None or c is None:

@@ -29,6 +29,9 @@ from llmtrace import semconv as sc
 
 AttrValue = Any
 _F = TypeVar("_F")
+Attributes = Mapping[str, AttrValue]
+EMPTY_ATTRS: Attributes = MappingProxyType({})
+
 #: Numeric attributes beyond this are not measurements (NaN and infinities fail both
 #: comparisons; a huge integer would overflow float()): they read as absent.
 FINITE_LIMIT = 1e300
@@ -39,8 +42,6 @@ def finite_number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not -FINITE_LIMIT < value < FINITE_LIMIT:
         return None
     return float(value)
-Attributes = Mapping[str, AttrValue]
-EMPTY_ATTRS: Attributes = MappingProxyType({})
 
 
 class SpanKind(IntEnum):

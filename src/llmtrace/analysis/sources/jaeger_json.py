@@ -59,7 +59,8 @@ def spans_from_jaeger_legacy(doc: Mapping[str, Any], *, source: str, position: s
             for si, sp in enumerate(trace.get("spans") or ()):  # noqa: B007 - si names the failing span
                 out.append(_span(sp, processes, intern))
     except (KeyError, ValueError, TypeError, AttributeError) as exc:
-        msg = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"bad span: {exc}"
+        what = "span" if si is not None else "process"
+        msg = f"missing field {exc.args[0]!r}" if isinstance(exc, KeyError) else f"bad {what}: {exc}"
         where = f"{position}: data[{ti}]" + (f".spans[{si}]" if si is not None else ".processes")
         raise SourceError(source, msg, where) from None
     return out
