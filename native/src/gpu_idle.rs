@@ -6,9 +6,10 @@
 //! stays the reference and the fallback; `tests/analysis/test_gpu_idle_native.py` checks
 //! that both give equal results on simulated and hand-built engines.
 
-use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::named_tuple;
 
 type Interval = (i64, i64);
 
@@ -221,14 +222,7 @@ pub fn classify_gaps<'py>(
     gap_type: &Bound<'py, PyAny>,
     causes: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let is_tuple_type = unsafe {
-        ffi::PyType_Check(gap_type.as_ptr()) != 0
-            && ffi::PyType_IsSubtype(
-                gap_type.as_ptr().cast(),
-                std::ptr::addr_of_mut!(ffi::PyTuple_Type),
-            ) != 0
-    };
-    if !is_tuple_type {
+    if !named_tuple::is_tuple_class(gap_type) {
         return Err(pyo3::exceptions::PyTypeError::new_err(
             "gap_type must be a named tuple class",
         ));
@@ -307,38 +301,19 @@ pub fn classify_gaps<'py>(
         } else {
             covered(a, b, &work, w)
         };
-        let gap = named_tuple(
+        let fields = [
+            engine_id.clone(),
+            a.into_pyobject(py)?.into_any(),
+            b.into_pyobject(py)?.into_any(),
+            split.into_any(),
+            waiting.into_pyobject(py)?.into_any(),
+        ];
+        let gap = named_tuple::new(
             py,
-            gap_type,
-            [
-                engine_id.clone(),
-                a.into_pyobject(py)?.into_any(),
-                b.into_pyobject(py)?.into_any(),
-                split.into_any(),
-                waiting.into_pyobject(py)?.into_any(),
-            ],
+            gap_type.as_ptr(),
+            fields.into_iter().map(Bound::into_ptr),
         )?;
         out.append(gap)?;
     }
     Ok(out)
-}
-
-/// `tuple.__new__(cls, fields)` for a named-tuple class (checked to subclass tuple).
-fn named_tuple<'py, const N: usize>(
-    py: Python<'py>,
-    cls: &Bound<'py, PyAny>,
-    fields: [Bound<'py, PyAny>; N],
-) -> PyResult<Bound<'py, PyAny>> {
-    let tp = cls.as_ptr().cast::<ffi::PyTypeObject>();
-    unsafe {
-        let alloc = (*tp).tp_alloc.unwrap_or(ffi::PyType_GenericAlloc);
-        let obj = alloc(tp, N as ffi::Py_ssize_t);
-        if obj.is_null() {
-            return Err(PyErr::fetch(py));
-        }
-        for (i, f) in fields.into_iter().enumerate() {
-            ffi::PyTuple_SET_ITEM(obj, i as ffi::Py_ssize_t, f.into_ptr());
-        }
-        Ok(Bound::from_owned_ptr(py, obj))
-    }
 }

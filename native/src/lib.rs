@@ -18,7 +18,6 @@ use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::ptr;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -165,6 +164,22 @@ struct AnyValue<'a, A> {
     bytes: Option<IgnoredAny>,
 }
 
+impl<A> AnyValue<'_, A> {
+    /// How many of the scalar and array keys are present.
+    fn keys_set(&self) -> usize {
+        [
+            self.string.is_some(),
+            self.int.is_some(),
+            self.double.is_some(),
+            self.boolean.is_some(),
+            self.array.is_some(),
+        ]
+        .into_iter()
+        .filter(|set| *set)
+        .count()
+    }
+}
+
 /// An attribute's value.
 type Value<'a> = AnyValue<'a, Obj<ArrayValue<'a>>>;
 
@@ -292,14 +307,7 @@ impl Decoder {
         empty_attrs: Py<PyAny>,
     ) -> PyResult<Self> {
         for t in [&span_type, &link_type] {
-            let is_tuple_type = unsafe {
-                ffi::PyType_Check(t.as_ptr()) != 0
-                    && ffi::PyType_IsSubtype(
-                        t.as_ptr().cast(),
-                        ptr::addr_of_mut!(ffi::PyTuple_Type),
-                    ) != 0
-            };
-            if !is_tuple_type {
+            if !named_tuple::is_tuple_class(t) {
                 return Err(PyTypeError::new_err(
                     "Span and Link must be tuple subclasses (named tuples)",
                 ));
@@ -516,18 +524,8 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         cls: *mut ffi::PyObject,
         fields: [Owned; N],
     ) -> Result<Owned, Fail> {
-        let tp = cls.cast::<ffi::PyTypeObject>();
-        // tp_alloc of a tuple subclass is PyType_GenericAlloc: `N` zeroed item slots, as
-        // tuple.__new__(cls, fields) would make (named tuples add no fields of their own).
-        let obj = unsafe {
-            let alloc = (*tp).tp_alloc.unwrap_or(ffi::PyType_GenericAlloc);
-            alloc(tp, N as ffi::Py_ssize_t)
-        };
-        let obj = Owned::new(self.py, obj)?;
-        for (i, f) in fields.into_iter().enumerate() {
-            unsafe { ffi::PyTuple_SET_ITEM(obj.0, i as ffi::Py_ssize_t, f.into_raw()) };
-        }
-        Ok(obj)
+        let obj = named_tuple::new(self.py, cls, fields.into_iter().map(Owned::into_raw));
+        Ok(Owned(obj.map_err(Fail::Py)?.into_ptr()))
     }
 
     /// `otlp_typed._attributes`: keys interned, strings under 64 characters interned,
@@ -537,35 +535,15 @@ impl<'doc> Ctx<'_, '_, 'doc> {
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {
             let v = &kv.value;
-            if v.kvlist.is_some() || v.bytes.is_some() {
+            if v.kvlist.is_some() || v.bytes.is_some() || v.keys_set() > 1 {
+                // Only the Python paths convert these (a value with several keys: the
+                // generic path takes the first in document order).
                 return Err(Fail::Decline);
             }
-            let set = [
-                v.string.is_some(),
-                v.int.is_some(),
-                v.double.is_some(),
-                v.boolean.is_some(),
-                v.array.is_some(),
-            ];
-            if set.iter().filter(|x| **x).count() > 1 {
-                return Err(Fail::Decline); // the generic path takes the first in document order
-            }
-            let value = if let Some(s) = &v.string {
-                if s.len() < 64 || s.chars().count() < 64 {
-                    self.interned(s)?
-                } else {
-                    self.text(s)?
-                }
-            } else if let Some(i) = &v.int {
-                Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
-            } else if let Some(x) = v.double {
-                Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
-            } else if let Some(b) = v.boolean {
-                self.boolean(b)
-            } else if let Some(arr) = &v.array {
-                self.array(arr)?
-            } else {
-                continue;
+            let value = match (self.scalar(v, true)?, &v.array) {
+                (Some(value), _) => value,
+                (None, Some(arr)) => self.array(arr)?,
+                (None, None) => continue,
             };
             let key = self.interned(&kv.key)?;
             if unsafe { ffi::PyDict_SetItem(dict.0, key.0, value.0) } != 0 {
@@ -576,39 +554,48 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     }
 
     /// `otlp._array`: a tuple of the elements' values (`None` for an element with no key).
-    fn array(&self, arr: &ArrayValue) -> Result<Owned, Fail> {
+    fn array(&self, arr: &'doc ArrayValue<'doc>) -> Result<Owned, Fail> {
         let py = self.py;
         let values = arr.values.as_deref().unwrap_or_default();
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
         })?;
         for (i, e) in values.iter().enumerate() {
-            if e.array.is_some() || e.kvlist.is_some() || e.bytes.is_some() {
+            if e.array.is_some() || e.kvlist.is_some() || e.bytes.is_some() || e.keys_set() > 1 {
                 return Err(Fail::Decline);
             }
-            let set = [
-                e.string.is_some(),
-                e.int.is_some(),
-                e.double.is_some(),
-                e.boolean.is_some(),
-            ];
-            if set.iter().filter(|x| **x).count() > 1 {
-                return Err(Fail::Decline); // the Python path takes the first in document order
-            }
-            let value = if let Some(s) = &e.string {
-                self.text(s)?
-            } else if let Some(n) = &e.int {
-                Owned::new(py, unsafe { ffi::PyLong_FromLongLong(n.to_i64()?) })?
-            } else if let Some(x) = e.double {
-                Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
-            } else if let Some(b) = e.boolean {
-                self.boolean(b)
-            } else {
-                self.borrowed(unsafe { ffi::Py_None() })
+            let value = match self.scalar(e, false)? {
+                Some(value) => value,
+                None => self.borrowed(unsafe { ffi::Py_None() }),
             };
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, value.into_raw()) };
         }
         Ok(tuple)
+    }
+
+    /// The string, int, double or bool of an `AnyValue` (`None` when it has none of them).
+    /// `intern_short`: strings under 64 characters are interned, as attribute values are.
+    fn scalar<A>(
+        &self,
+        v: &'doc AnyValue<'doc, A>,
+        intern_short: bool,
+    ) -> Result<Option<Owned>, Fail> {
+        let py = self.py;
+        Ok(Some(if let Some(s) = &v.string {
+            if intern_short && (s.len() < 64 || s.chars().count() < 64) {
+                self.interned(s)?
+            } else {
+                self.text(s)?
+            }
+        } else if let Some(i) = &v.int {
+            Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
+        } else if let Some(x) = v.double {
+            Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
+        } else if let Some(b) = v.boolean {
+            self.boolean(b)
+        } else {
+            return Ok(None);
+        }))
     }
 
     fn boolean(&self, b: bool) -> Owned {
@@ -699,6 +686,7 @@ fn is_id(s: &str, len: usize) -> bool {
 }
 
 mod gpu_idle;
+mod named_tuple;
 
 #[pymodule]
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
