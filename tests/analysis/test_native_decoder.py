@@ -20,7 +20,7 @@ from llmtrace.analysis.sources import load_spans, otlp_native, otlp_typed
 from llmtrace.analysis.sources.otlp import Interner, spans_from_otlp
 from llmtrace.analysis.synthetic import SimConfig, write_jsonl
 from tests.analysis.test_sources import TID, doc, otlp_span, write_lines
-from tests.analysis.test_typed_decoder import FIXTURES, _both, _edge_lines, _same
+from tests.analysis.test_typed_decoder import FIXTURES, _both, _edge_lines, _same, errors_by_decoder
 
 pytestmark = pytest.mark.skipif(
     not otlp_native.AVAILABLE, reason="llmtrace-native not built (needs cargo: pip install ./native)"
@@ -202,12 +202,7 @@ def test_simulated_server_output_is_taken_whole_and_matches_the_typed_path(tmp_p
 def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(doc(otlp_span())) + "\n" + json.dumps(doc(otlp_span(endTimeUnixNano="1"))) + "\n")
-    errors = []
-    for decoder in ("native", "generic"):
-        monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", decoder)
-        with pytest.raises(SourceError) as exc:
-            load_spans(str(path))
-        errors.append(str(exc.value))
+    errors = errors_by_decoder(path, ("native", "generic"), monkeypatch)
     assert errors[0] == errors[1] and "line 2" in errors[0]
 
 

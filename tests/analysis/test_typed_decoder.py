@@ -39,6 +39,18 @@ def _both(path: str, monkeypatch: pytest.MonkeyPatch, fast: str = "typed") -> tu
     return typed, generic
 
 
+def errors_by_decoder(path: Path, decoders: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The SourceError each decoder raises on ``path``."""
+    errors = []
+    for decoder in decoders:
+        monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", decoder)
+        with pytest.raises(SourceError) as exc:
+            load_spans(str(path))
+        errors.append(str(exc.value))
+    monkeypatch.delenv("LLMTRACE_ANALYSIS_DECODER")
+    return errors
+
+
 def _same(a: Any, b: Any) -> None:
     assert a.warnings == b.warnings
     assert repr(a.spans) == repr(b.spans)  # repr: NaN attribute values compare unequal
@@ -120,12 +132,7 @@ def test_fixtures_read_the_same_both_ways(name: str, monkeypatch: pytest.MonkeyP
 def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, message: str) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(doc(otlp_span())) + "\n" + line + "\n")
-    errors = []
-    for decoder in ("typed", "generic"):
-        monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", decoder)
-        with pytest.raises(SourceError) as exc:
-            load_spans(str(path))
-        errors.append(str(exc.value))
+    errors = errors_by_decoder(path, ("typed", "generic"), monkeypatch)
     assert errors[0] == errors[1]
     assert message in errors[0] and "line 2" in errors[0]
 
