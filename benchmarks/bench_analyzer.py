@@ -82,22 +82,16 @@ def _cpu_over_lines(path: str, decode: Callable[[bytes], object]) -> float:
     return time.process_time() - t0
 
 
-def decoder_in_use() -> str:
+def decoder_in_use(path: str) -> str:
     """Which OTLP line decoder ``load_spans`` uses here (native, typed or generic)."""
-    choice = os.environ.get("LLMTRACE_ANALYSIS_DECODER", "")
     try:
-        from llmtrace.analysis.sources import otlp_native
+        from llmtrace.analysis.sources.files import decoder_name
     except ImportError:  # an llmtrace before the compiled decoder (A/B runs against old trees)
-        native = False
-    else:
-        native = otlp_native.AVAILABLE
-    from llmtrace.analysis.sources import otlp_typed
+        from llmtrace.analysis.sources import otlp_typed
 
-    if native and choice in ("", "native"):
-        return "native"
-    if otlp_typed.AVAILABLE and choice in ("", "native", "typed"):
-        return "typed"
-    return "generic"
+        generic = os.environ.get("LLMTRACE_ANALYSIS_DECODER") == "generic"
+        return "typed" if otlp_typed.AVAILABLE and not generic else "generic"
+    return decoder_name(path)
 
 
 def throughput(path: str) -> dict[str, float]:
@@ -155,7 +149,7 @@ def main() -> int:
     best["parse_spans_per_s"] = runs[0]["spans"] / best["parse_s"]
     result.update(best)
     result["runs"] = len(runs)
-    result["decoder"] = decoder_in_use()
+    result["decoder"] = decoder_in_use(path)
     result["decode_floor_s"] = decode_floor(path)
     typed = typed_decode_floor(path)
     if typed is not None:

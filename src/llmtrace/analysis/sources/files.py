@@ -78,12 +78,12 @@ def spans_from_document(doc: Any, *, source: str, position: str, intern: Interne
 LineDecoder = Callable[[bytes, Interner], list[Span] | None]
 
 
-def line_decoder(source: str) -> LineDecoder | None:
-    """The fast decoder for OTLP lines: the compiled one, backed by the typed msgspec one,
-    whichever are installed (``None``: every line takes the generic dict path).
+def decoder_name(source: str) -> str:
+    """Which decoder reads OTLP lines first: ``native``, ``typed`` or ``generic``.
 
-    ``LLMTRACE_ANALYSIS_DECODER`` picks one for tests and benchmarks: ``native``, ``typed``
-    or ``generic`` (unset: the fastest installed)."""
+    ``LLMTRACE_ANALYSIS_DECODER`` picks one for tests and benchmarks (unset: the fastest
+    installed); asking for one that is not installed is an error, except ``typed``, which
+    falls back to the generic path as it always has."""
     choice = os.environ.get("LLMTRACE_ANALYSIS_DECODER", "")
     if choice not in ("", "native", "typed", "generic"):
         raise SourceError(source, f"LLMTRACE_ANALYSIS_DECODER={choice!r}: use native, typed or generic", "environment")
@@ -91,10 +91,24 @@ def line_decoder(source: str) -> LineDecoder | None:
         raise SourceError(source, "LLMTRACE_ANALYSIS_DECODER=native, but llmtrace-native is not in use (not "
                           "built: pip install ./native; or LLMTRACE_ANALYSIS_NATIVE=0; or built from another "
                           "version)", "environment")
-    native = otlp_native.spans_from_line if otlp_native.AVAILABLE and choice in ("", "native") else None
-    typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and choice in ("", "native", "typed") else None
-    if native is None or typed is None:
-        return native or typed
+    if otlp_native.AVAILABLE and choice in ("", "native"):
+        return "native"
+    if otlp_typed.AVAILABLE and choice != "generic":
+        return "typed"
+    return "generic"
+
+
+def line_decoder(source: str) -> LineDecoder | None:
+    """The fast decoder for OTLP lines (:func:`decoder_name`): the compiled one, backed by
+    the typed msgspec one where both are installed; ``None``: every line takes the generic
+    dict path."""
+    name = decoder_name(source)
+    typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and name != "generic" else None
+    if name != "native":
+        return typed
+    native = otlp_native.spans_from_line
+    if typed is None:
+        return native
 
     def native_then_typed(line: bytes, intern: Interner) -> list[Span] | None:
         spans = native(line, intern)
