@@ -14,6 +14,9 @@ for parse + model build + every analyzer, i.e. one core. Memory is what ``tracem
 sees held by the built model after the read, divided by the span count; it is measured in
 a second pass because tracing allocations slows the run several-fold. With ``--repeat N``
 each stage reports its fastest of N runs (CPU time on a shared machine only ever inflates).
+The read is what ``llmtrace analyze`` does: with ``llmtrace-native`` installed, engine-side
+spans stay in a compiled engine table (``--no-table``: every span a Python object; memory
+then counts the table's own bytes too, which ``tracemalloc`` cannot see).
 The parse path is the fastest decoder installed: the compiled one (``native/``, built by
 ``.ci/run`` when cargo is present), else the typed msgspec one; ``LLMTRACE_ANALYSIS_DECODER``
 = ``native`` / ``typed`` / ``generic`` picks one (the result's ``decoder`` says which ran).
@@ -94,16 +97,32 @@ def decoder_in_use(path: str) -> str:
     return decoder_name(path)
 
 
-def throughput(path: str) -> dict[str, float]:
+def new_table(use: bool) -> object | None:
+    """An engine table for the read (what ``llmtrace analyze`` uses), when asked for and
+    this llmtrace has one (A/B runs against old trees: ``--no-table`` or an old tree)."""
+    if not use:
+        return None
+    try:
+        from llmtrace.analysis.sources import new_engine_table
+    except ImportError:
+        return None
+    return new_engine_table()
+
+
+def throughput(path: str, use_table: bool) -> dict[str, float]:
     gc.collect()
     t0 = time.process_time()
-    loaded = load_spans(path)
+    table = new_table(use_table)
+    loaded = load_spans(path, table=table) if table is not None else load_spans(path)  # type: ignore[call-arg]
     t1 = time.process_time()
-    ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    if table is not None:
+        ts = build_traceset(loaded.spans, warnings=loaded.warnings, table=table)  # type: ignore[call-arg]
+    else:
+        ts = build_traceset(loaded.spans, warnings=loaded.warnings)
     t2 = time.process_time()
     analyze(ts, source=path)
     t3 = time.process_time()
-    n = len(loaded.spans)
+    n = ts.span_count
     return {
         "spans": n,
         "parse_s": t1 - t0,
@@ -114,21 +133,30 @@ def throughput(path: str) -> dict[str, float]:
     }
 
 
-def memory(path: str) -> dict[str, float]:
+def memory(path: str, use_table: bool) -> dict[str, float]:
+    """Python objects held (tracemalloc) plus what the compiled engine table holds outside
+    Python's allocator (its own count: tracemalloc cannot see it)."""
     gc.collect()
     tracemalloc.start()
-    loaded = load_spans(path)
-    ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    table = new_table(use_table)
+    if table is not None:
+        loaded = load_spans(path, table=table)  # type: ignore[call-arg]
+        ts = build_traceset(loaded.spans, warnings=loaded.warnings, table=table)  # type: ignore[call-arg]
+    else:
+        loaded = load_spans(path)
+        ts = build_traceset(loaded.spans, warnings=loaded.warnings)
     del loaded
     gc.collect()
     held, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
+    native_bytes = table.native.nbytes() if table is not None else 0  # type: ignore[attr-defined]
     n = ts.span_count
     return {
-        "held_bytes": held,
-        "peak_bytes": peak,
-        "bytes_per_span": held / n,
-        "peak_bytes_per_span": peak / n,
+        "held_bytes": held + native_bytes,
+        "native_bytes": native_bytes,
+        "peak_bytes": peak + native_bytes,
+        "bytes_per_span": (held + native_bytes) / n,
+        "peak_bytes_per_span": (peak + native_bytes) / n,
     }
 
 
@@ -139,10 +167,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--no-memory", action="store_true", help="skip the (slow) tracemalloc pass")
     parser.add_argument("--repeat", type=int, default=1, help="runs; each stage reports its fastest (default 1)")
+    parser.add_argument(
+        "--no-table", action="store_true", help="every span a Python object (no compiled engine table), for A/B runs"
+    )
     args = parser.parse_args()
+    use_table = not args.no_table
     path, n = dataset(args.spans, args.dir)
     result: dict[str, float | str] = {"dataset": path, "file_bytes": os.path.getsize(path)}
-    runs = [throughput(path) for _ in range(max(1, args.repeat))]
+    runs = [throughput(path, use_table) for _ in range(max(1, args.repeat))]
     best = {k: min(r[k] for r in runs) for k in ("parse_s", "build_s", "analyze_s")}
     total = best["parse_s"] + best["build_s"] + best["analyze_s"]
     best.update(spans=runs[0]["spans"], spans_per_s=runs[0]["spans"] / total)
@@ -150,20 +182,21 @@ def main() -> int:
     result.update(best)
     result["runs"] = len(runs)
     result["decoder"] = decoder_in_use(path)
+    result["engine_table"] = "yes" if new_table(use_table) is not None else "no"
     result["decode_floor_s"] = decode_floor(path)
     typed = typed_decode_floor(path)
     if typed is not None:
         result["typed_decode_floor_s"] = typed
     result["load_average_1m"] = os.getloadavg()[0]
     if not args.no_memory:
-        result.update(memory(path))
+        result.update(memory(path, use_table))
     if args.json:
         print(json.dumps(result))
         return 0
     print(f"dataset        {path}: {n:,} spans, {result['file_bytes'] / 1e6:.0f} MB; best of {result['runs']} run(s)")
     print(
         f"parse          {result['parse_s']:.2f} s  ({result['parse_spans_per_s']:,.0f} spans/s, "
-        f"{result['decoder']} decoder)"
+        f"{result['decoder']} decoder, compiled engine table: {result['engine_table']})"
     )
     print(f"build model    {result['build_s']:.2f} s")
     print(f"analyze        {result['analyze_s']:.2f} s")

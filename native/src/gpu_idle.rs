@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use crate::named_tuple;
 
-type Interval = (i64, i64);
+pub(crate) type Interval = (i64, i64);
 
 /// Start and end of a `Span` named tuple (fields 4 and 5).
 fn span_times(span: &Bound<'_, PyAny>) -> PyResult<Interval> {
@@ -78,10 +78,10 @@ fn segment_gaps(segs: &[Interval], busy: &[Interval]) -> Vec<Interval> {
 
 /// Disjoint host segments, sorted: starts, ends, cause indexes.
 #[derive(Default)]
-struct Painted {
-    starts: Vec<i64>,
-    ends: Vec<i64>,
-    causes: Vec<u8>,
+pub(crate) struct Painted {
+    pub(crate) starts: Vec<i64>,
+    pub(crate) ends: Vec<i64>,
+    pub(crate) causes: Vec<u8>,
 }
 
 impl Painted {
@@ -217,16 +217,11 @@ pub fn classify_gaps<'py>(
     forwards: &Bound<'py, PyList>,
     hosts: &Bound<'py, PyList>,
     host_cause: &Bound<'py, PyDict>,
-    mut extras: Vec<(i64, i64, u8)>,
+    extras: Vec<(i64, i64, u8)>,
     work: Vec<Interval>,
     gap_type: &Bound<'py, PyAny>,
     causes: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyList>> {
-    if !named_tuple::is_tuple_class(gap_type) {
-        return Err(pyo3::exceptions::PyTypeError::new_err(
-            "gap_type must be a named tuple class",
-        ));
-    }
     let fw: Vec<Interval> = forwards
         .iter()
         .map(|f| span_times(&f))
@@ -243,7 +238,31 @@ pub fn classify_gaps<'py>(
         painted_in.ends.push(e);
         painted_in.causes.push(cause);
     }
-    let raw = segment_gaps(&segs, &busy(fw));
+    classify(
+        py, &engine_id, &segs, fw, painted_in, extras, &work, gap_type, causes,
+    )
+}
+
+/// The sweeps of `iter_gaps` over plain intervals: forwards `fw` and step host segments
+/// `hosts` (in step order), shared by [`classify_gaps`] and the compiled engine table.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn classify<'py>(
+    py: Python<'py>,
+    engine_id: &Bound<'py, PyAny>,
+    segs: &[Interval],
+    fw: Vec<Interval>,
+    painted_in: Painted,
+    mut extras: Vec<(i64, i64, u8)>,
+    work: &[Interval],
+    gap_type: &Bound<'py, PyAny>,
+    causes: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyList>> {
+    if !named_tuple::is_tuple_class(gap_type) {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "gap_type must be a named tuple class",
+        ));
+    }
+    let raw = segment_gaps(segs, &busy(fw));
     let painted = paint_host(painted_in, &mut extras);
     let ncauses = causes.len();
     if ncauses == 0 || ncauses > 8 || extras.iter().any(|x| usize::from(x.2) >= ncauses) {
@@ -299,7 +318,7 @@ pub fn classify_gaps<'py>(
         let waiting = if w < work.len() && work[w].0 <= a && work[w].1 >= b {
             b - a
         } else {
-            covered(a, b, &work, w)
+            covered(a, b, work, w)
         };
         let fields = [
             engine_id.clone(),

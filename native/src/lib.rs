@@ -286,12 +286,12 @@ const STATUS_NAMES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_
 /// Built once with the model's classes and enum members, so the module has no import-time
 /// dependency on llmtrace (`sources/otlp_native.py` constructs it).
 #[pyclass(module = "llmtrace_native", frozen)]
-struct Decoder {
-    span_type: Py<PyAny>,
-    link_type: Py<PyAny>,
-    kinds: Vec<Py<PyAny>>,
-    statuses: Vec<Py<PyAny>>,
-    empty_attrs: Py<PyAny>,
+pub struct Decoder {
+    pub(crate) span_type: Py<PyAny>,
+    pub(crate) link_type: Py<PyAny>,
+    pub(crate) kinds: Vec<Py<PyAny>>,
+    pub(crate) statuses: Vec<Py<PyAny>>,
+    pub(crate) empty_attrs: Py<PyAny>,
 }
 
 #[pymethods]
@@ -327,11 +327,15 @@ impl Decoder {
 
     /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
     /// must read it. `strings` is the interning dict shared with them (`Interner.strings`).
+    /// With `table`, engine-side spans (`table::ENGINE_NAMES`) go into it instead of the
+    /// list; a declined line leaves the table as it was.
+    #[pyo3(signature = (data, strings, table=None))]
     fn spans_from_line<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyBytes>,
         strings: &Bound<'py, PyDict>,
+        table: Option<&Bound<'py, table::EngineTable>>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         // One UTF-8 check of the whole line, then from_str: from_slice checks every string
         // on its own, which cost more than the rest of the JSON parse.
@@ -346,14 +350,24 @@ impl Decoder {
             None => return Ok(None), // not an OTLP traces document
             Some(rss) => rss.unwrap_or_default(),
         };
+        let mut guard = table.map(|t| t.borrow_mut());
+        let data = guard.as_deref_mut().map(|t| &mut t.data);
+        let mark = data.as_ref().map(|d| d.mark());
         let ctx = Ctx {
             py,
             strings: strings.as_ptr(),
             decoder: self,
             seen: RefCell::default(),
             ids: RefCell::default(),
+            table: data.map(RefCell::new),
         };
-        match ctx.convert(&rss) {
+        let result = ctx.convert(&rss);
+        if result.is_err() {
+            if let (Some(t), Some(m)) = (&ctx.table, &mark) {
+                t.borrow_mut().rollback(m);
+            }
+        }
+        match result {
             Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
             Err(Fail::Decline) => Ok(None),
             Err(Fail::Py(err)) => Err(err),
@@ -361,8 +375,10 @@ impl Decoder {
     }
 }
 
-struct Ctx<'py, 'd, 'doc> {
+struct Ctx<'py, 'd, 'doc, 't> {
     py: Python<'py>,
+    /// Where engine-side spans go, when the caller gave a table.
+    table: Option<RefCell<&'t mut table::Data>>,
     strings: *mut ffi::PyObject,
     decoder: &'d Decoder,
     /// The line's interned strings by their text (borrowed: `strings` holds them), so a
@@ -374,7 +390,7 @@ struct Ctx<'py, 'd, 'doc> {
     ids: RefCell<HashMap<&'doc str, Owned, BuildHasherDefault<FxHasher>>>,
 }
 
-impl<'doc> Ctx<'_, '_, 'doc> {
+impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn convert(&self, rss: &'doc [Obj<ResourceSpans<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
         let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
@@ -393,8 +409,30 @@ impl<'doc> Ctx<'_, '_, 'doc> {
                 (_, Some(s)) => s.as_slice(),
                 _ => &[],
             };
+            let mut in_table: Option<u32> = None; // this resource's index in the table
             for ss in scopes {
                 for sp in ss.spans.as_deref().unwrap_or_default() {
+                    if let Some(tab) = &self.table {
+                        if let Some(code) = table::ENGINE_NAMES.iter().position(|n| *n == sp.name) {
+                            let mut t = tab.borrow_mut();
+                            let res = match in_table {
+                                Some(r) => r,
+                                None => {
+                                    let text = unsafe { py_text(service.0) }?;
+                                    let r = t.add_resource(
+                                        unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
+                                        unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
+                                        text,
+                                    );
+                                    in_table = Some(r);
+                                    r
+                                }
+                            };
+                            let before = t.python_seen + unsafe { ffi::PyList_Size(out.0) } as u64;
+                            self.table_span(&mut t, sp, code as u8, res, before)?;
+                            continue;
+                        }
+                    }
                     let span = self.span(sp, service.0, resource)?;
                     if unsafe { ffi::PyList_Append(out.0, span.0) } != 0 {
                         return Err(Fail::Py(PyErr::fetch(py)));
@@ -432,38 +470,7 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     ) -> Result<Owned, Fail> {
         let py = self.py;
         let d = self.decoder;
-        // Checks mirror otlp_typed._scope_spans: where the generic path would normalise,
-        // record a warning or raise, decline.
-        if !is_id(&sp.trace_id, 32) || !is_id(&sp.span_id, 16) {
-            return Err(Fail::Decline);
-        }
-        let parent = match sp.parent.as_deref() {
-            None | Some("") => None,
-            Some(p) if is_id(p, 16) => Some(p),
-            Some(_) => return Err(Fail::Decline),
-        };
-        let (start, end) = (sp.start.to_i64()?, sp.end.to_i64()?);
-        if start > end {
-            return Err(Fail::Decline);
-        }
-        let kind = match &sp.kind {
-            None => 1,
-            Some(IntOrStr::Int(k)) if (0..6).contains(k) => *k as usize,
-            Some(IntOrStr::Str(s)) => KIND_NAMES
-                .iter()
-                .position(|n| *n == s.as_ref())
-                .ok_or(Fail::Decline)?,
-            Some(_) => return Err(Fail::Decline),
-        };
-        let code = match sp.status.as_ref().and_then(|st| st.code.as_ref()) {
-            None => 0,
-            Some(IntOrStr::Int(c)) if (0..3).contains(c) => *c as usize,
-            Some(IntOrStr::Int(_)) => 0,
-            Some(IntOrStr::Str(s)) => STATUS_NAMES
-                .iter()
-                .position(|n| *n == s.as_ref())
-                .unwrap_or(0),
-        };
+        let (parent, start, end, kind, code) = header(sp)?;
         let attrs = match sp.attributes.as_deref() {
             Some(raw) if !raw.is_empty() => {
                 let dict = self.attributes(raw)?;
@@ -497,6 +504,77 @@ impl<'doc> Ctx<'_, '_, 'doc> {
             self.borrowed(resource),
         ];
         self.new_tuple(d.span_type.as_ptr(), fields)
+    }
+
+    /// An engine-side span into the table, with the checks and values of [`Ctx::span`].
+    fn table_span(
+        &self,
+        t: &mut table::Data,
+        sp: &'doc RawSpan<'doc>,
+        name: u8,
+        resource: u32,
+        before: u64,
+    ) -> Result<(), Fail> {
+        let (parent, start, end, kind, code) = header(sp)?;
+        let first_attr = t.attrs.len();
+        for kv in sp.attributes.as_deref().unwrap_or_default() {
+            let v = &kv.value;
+            if v.kvlist.is_some() || v.bytes.is_some() || v.keys_set() > 1 {
+                return Err(Fail::Decline);
+            }
+            let value = match (table_scalar(t, v)?, &v.array) {
+                (Some(x), _) => x,
+                (None, Some(arr)) => {
+                    let values = arr.values.as_deref().unwrap_or_default();
+                    let at = t.elems.len() as u32;
+                    for e in values {
+                        if e.array.is_some()
+                            || e.kvlist.is_some()
+                            || e.bytes.is_some()
+                            || e.keys_set() > 1
+                        {
+                            return Err(Fail::Decline);
+                        }
+                        let x = table_scalar(t, e)?.unwrap_or(table::Val::Nothing);
+                        t.elems.push(x);
+                    }
+                    table::Val::Array(at, values.len() as u32)
+                }
+                (None, None) => continue,
+            };
+            let key = t.strings.id(&kv.key);
+            t.attrs.push((key, value));
+        }
+        let first_link = t.links.len();
+        for ln in sp.links.as_deref().unwrap_or_default() {
+            if !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16) {
+                return Err(Fail::Decline);
+            }
+            let trace = t.strings.id(&ln.trace_id);
+            t.links.push((trace, table::pack_id(&ln.span_id)));
+        }
+        let (n_attrs, n_links) = (t.attrs.len() - first_attr, t.links.len() - first_link);
+        if n_attrs > usize::from(u16::MAX) || n_links > usize::from(u16::MAX) {
+            return Err(Fail::Decline);
+        }
+        let trace = t.strings.id(&sp.trace_id);
+        t.spans.push(table::TSpan {
+            id: table::pack_id(&sp.span_id),
+            parent: parent.map_or(table::NO_ID, table::pack_id),
+            start,
+            end,
+            before,
+            trace,
+            resource,
+            attrs: first_attr as u32,
+            links: first_link as u32,
+            n_attrs: n_attrs as u16,
+            n_links: n_links as u16,
+            name,
+            kind: kind as u8,
+            status: code as u8,
+        });
+        Ok(())
     }
 
     fn links(&self, raw: &'doc [Obj<RawLink<'doc>>]) -> Result<Owned, Fail> {
@@ -647,10 +725,76 @@ impl<'doc> Ctx<'_, '_, 'doc> {
     }
 }
 
+/// [`Ctx::scalar`] for the table.
+fn table_scalar<A>(t: &mut table::Data, v: &AnyValue<'_, A>) -> Result<Option<table::Val>, Fail> {
+    Ok(Some(if let Some(s) = &v.string {
+        table::Val::Str(t.strings.id(s))
+    } else if let Some(i) = &v.int {
+        table::Val::Int(i.to_i64()?)
+    } else if let Some(x) = v.double {
+        table::Val::Float(x)
+    } else if let Some(b) = v.boolean {
+        table::Val::Bool(b)
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// The text of a Python `str`.
+unsafe fn py_text(s: *mut ffi::PyObject) -> Result<String, Fail> {
+    let mut len: ffi::Py_ssize_t = 0;
+    let p = ffi::PyUnicode_AsUTF8AndSize(s, &mut len);
+    if p.is_null() {
+        return Err(Fail::Py(PyErr::fetch(Python::assume_attached())));
+    }
+    let bytes = std::slice::from_raw_parts(p.cast::<u8>(), len as usize);
+    Ok(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// The checks and fields every span shares (they mirror otlp_typed._scope_spans: where the
+/// generic path would normalise, record a warning or raise, decline): parent id, start,
+/// end, kind index, status index.
+#[allow(clippy::type_complexity)]
+fn header<'doc>(
+    sp: &'doc RawSpan<'doc>,
+) -> Result<(Option<&'doc str>, i64, i64, usize, usize), Fail> {
+    if !is_id(&sp.trace_id, 32) || !is_id(&sp.span_id, 16) {
+        return Err(Fail::Decline);
+    }
+    let parent = match sp.parent.as_deref() {
+        None | Some("") => None,
+        Some(p) if is_id(p, 16) => Some(p),
+        Some(_) => return Err(Fail::Decline),
+    };
+    let (start, end) = (sp.start.to_i64()?, sp.end.to_i64()?);
+    if start > end {
+        return Err(Fail::Decline);
+    }
+    let kind = match &sp.kind {
+        None => 1,
+        Some(IntOrStr::Int(k)) if (0..6).contains(k) => *k as usize,
+        Some(IntOrStr::Str(s)) => KIND_NAMES
+            .iter()
+            .position(|n| *n == s.as_ref())
+            .ok_or(Fail::Decline)?,
+        Some(_) => return Err(Fail::Decline),
+    };
+    let code = match sp.status.as_ref().and_then(|st| st.code.as_ref()) {
+        None => 0,
+        Some(IntOrStr::Int(c)) if (0..3).contains(c) => *c as usize,
+        Some(IntOrStr::Int(_)) => 0,
+        Some(IntOrStr::Str(s)) => STATUS_NAMES
+            .iter()
+            .position(|n| *n == s.as_ref())
+            .unwrap_or(0),
+    };
+    Ok((parent, start, end, kind, code))
+}
+
 /// rustc's FxHash: the keys are short ids and names from one line, not attacker-chosen
 /// across lines (the map lives for one line), so a fast non-keyed hash is enough.
 #[derive(Default)]
-struct FxHasher(u64);
+pub(crate) struct FxHasher(u64);
 
 impl Hasher for FxHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -687,13 +831,15 @@ fn is_id(s: &str, len: usize) -> bool {
 
 mod gpu_idle;
 mod named_tuple;
+mod table;
 
 #[pymodule]
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 1)?;
+    m.add("ABI_VERSION", 2)?;
     m.add_class::<Decoder>()?;
+    m.add_class::<table::EngineTable>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     Ok(())
 }

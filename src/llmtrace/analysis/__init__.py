@@ -24,10 +24,12 @@ __version__ = "0.1.0"
 
 def load(spec: str, **kwargs: Any) -> TraceSet:
     """Read ``spec`` (file path, ``-`` or Jaeger URL) and build the joined trace model."""
-    from llmtrace.analysis.sources import load_spans
+    from llmtrace.analysis.sources import load_spans, new_engine_table
 
-    loaded = load_spans(spec, **kwargs)
-    return build_traceset(loaded.spans, warnings=loaded.warnings)
+    table = kwargs.pop("table", None)
+    table = table if table is not None else new_engine_table()
+    loaded = load_spans(spec, table=table, **kwargs)
+    return build_traceset(loaded.spans, warnings=loaded.warnings, table=table)
 
 
 __all__ = [

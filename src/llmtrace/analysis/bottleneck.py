@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis.gpu_idle import EngineIdle
@@ -200,9 +201,47 @@ def _recommend_none(f: Features) -> str:
     return "no resource is saturated: the server has headroom at this load."
 
 
+class StepStats(NamedTuple):
+    """What the verdicts read from a run of steps (:func:`step_stats`; the compiled engine
+    table computes the same numbers over its columns)."""
+
+    steps: int
+    batch_sum: float
+    waiting_sum: float
+    preempted_sum: float
+    linked: int  # distinct span ids the steps link (requests); counted only when preempted_sum
+    kv_p90: float
+    queue_growth: float
+
+    @property
+    def preemptions_per_request(self) -> float:
+        """Preemptions per request from step attributes: requests are counted by their links."""
+        return self.preempted_sum / self.linked if self.preempted_sum and self.linked else 0.0
+
+    @property
+    def mean_batch(self) -> float:
+        return self.batch_sum / self.steps if self.steps else 0.0
+
+
+def step_stats(steps: Sequence[StepView]) -> StepStats:
+    """:class:`StepStats` of ``steps`` (in order: the queue growth is a fit over time)."""
+    total = sum(s.preempted for s in steps)
+    # Collecting every link of every step only matters when something was preempted.
+    linked = len({link.span_id for s in steps for link in s.step.links}) if total else 0
+    return StepStats(
+        len(steps),
+        sum(s.batch_size for s in steps),
+        sum(s.waiting for s in steps),
+        total,
+        linked,
+        _kv_p90(steps),
+        _queue_growth(steps),
+    )
+
+
 def features(
     idle: Sequence[EngineIdle],
-    steps: Sequence[StepView],
+    steps: StepStats,
     requests: Sequence[RequestView],
     queue_share: float,
     network_share: float,
@@ -220,23 +259,14 @@ def features(
         idle_with_work_ratio=with_work / covered if covered else 0.0,
         host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
         upstream_share=sum(e.upstream_ns for e in idle) / with_work if with_work else 0.0,
-        preemptions_per_request=(sum(preempt) / len(preempt)) if preempt else _step_preemptions(steps, requests),
-        kv_usage_p90=_kv_p90(steps),
+        preemptions_per_request=(sum(preempt) / len(preempt)) if preempt else steps.preemptions_per_request,
+        kv_usage_p90=steps.kv_p90,
         queue_share=queue_share,
-        queue_growth=_queue_growth(steps),
+        queue_growth=steps.queue_growth,
         network_share=network_share,
-        mean_batch=(sum(s.batch_size for s in steps) / len(steps)) if steps else 0.0,
+        mean_batch=steps.mean_batch,
         engine_observed=covered > 0,
     )
-
-
-def _step_preemptions(steps: Sequence[StepView], requests: Sequence[RequestView] = ()) -> float:
-    """Preemptions per request from step attributes: requests are counted by their links."""
-    total = sum(s.preempted for s in steps)
-    if not total:
-        return 0.0  # 0 / linked either way; skips collecting every link of every step
-    linked = len({link.span_id for s in steps for link in s.step.links})
-    return total / linked if linked else 0.0
 
 
 def _kv_p90(steps: Sequence[StepView]) -> float:
@@ -257,21 +287,20 @@ def _queue_growth(steps: Sequence[StepView]) -> float:
 
 
 def window_features(
-    window: WindowView, steps: Sequence[StepView], idle_ns: int, with_work_ns: int, causes: Mapping[str, int]
+    window: WindowView, steps: StepStats, idle_ns: int, with_work_ns: int, causes: Mapping[str, int]
 ) -> Features:
     """The same features measured inside one ``llm.engine`` window (no request-level shares)."""
     dur = max(1, window.end_ns - window.start_ns)
-    waiting = [s.waiting for s in steps]
-    batch = sum(s.batch_size for s in steps)
+    waiting, batch = steps.waiting_sum, steps.batch_sum
     return Features(
         busy_ratio=(dur - idle_ns) / dur,
         idle_with_work_ratio=with_work_ns / dur,
         host_cause_share={k: v / idle_ns for k, v in causes.items()} if idle_ns else {},
         upstream_share=None,  # the engine-side split is an overall measure
-        preemptions_per_request=_step_preemptions(steps),
-        kv_usage_p90=_kv_p90(steps),
-        queue_share=_clip(sum(waiting) / max(1.0, sum(waiting) + batch)),
-        queue_growth=_queue_growth(steps),
+        preemptions_per_request=steps.preemptions_per_request,
+        kv_usage_p90=steps.kv_p90,
+        queue_share=_clip(waiting / max(1.0, waiting + batch)),
+        queue_growth=steps.queue_growth,
         network_share=0.0,
-        mean_batch=batch / len(steps) if steps else 0.0,
+        mean_batch=steps.mean_batch,
     )

@@ -12,14 +12,15 @@ Two repairs happen here, once, so that no analyzer has to care:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import compress
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import vllm_native
 from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis.engine_table import CompiledTraces, EngineTable, build_part
 from llmtrace.analysis.model import (
     FINITE_LIMIT,
     EngineView,
@@ -132,15 +133,64 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def build_traceset(spans: Iterable[Span], *, warnings: Iterable[str] = (), skew: bool = True) -> TraceSet:
-    """Build the joined views the analyzers use."""
+def build_traceset(
+    spans: Iterable[Span], *, warnings: Iterable[str] = (), skew: bool = True, table: EngineTable | None = None
+) -> TraceSet:
+    """Build the joined views the analyzers use.
+
+    ``table``: the engine-side spans the compiled decoder kept as columns during the read
+    (:mod:`llmtrace.analysis.engine_table`); its engines are built compiled when it can
+    build them exactly as this module would, else its spans join ``spans`` first."""
     with paused_gc():
-        return _build(spans, warnings, skew)
+        if table is not None and len(table):
+            spans = spans if isinstance(spans, list | tuple) else list(spans)
+            built = _build(spans, warnings, skew, table)
+            if built is not None:
+                return built
+            spans = table.merged_with(spans)
+        built = _build(spans, warnings, skew, None)
+        assert built is not None
+        return built
 
 
-def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceSet:
+def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool, table: EngineTable | None) -> TraceSet | None:
     traces, dupes = group_traces(spans, skew=skew)
+    part = None
+    if table is not None:
+        part = build_part(table, (t.trace_id for t in traces))
+        if part is None:
+            return None
+    views = _views(traces)
+    engines = views.engines
+    all_traces: Sequence[Trace] = tuple(traces)
+    orphans = views.orphans
+    if part is not None:
+        if not engines.keys().isdisjoint(part.engines):
+            return None  # one engine on both sides: its steps must be sorted together
+        for eid, (win_c, steps_c, gc_c, handle) in part.engines.items():
+            engines[eid] = EngineView(eid, win_c, steps_c, gc_c, handle)
+        engines = dict(sorted(engines.items()))
+        dupes += part.duplicates
+        orphans += part.orphans
+        all_traces = CompiledTraces(all_traces, table.native if table is not None else None, part.traces, part.spans)
     notes = list(warnings)
+    if dupes:
+        notes.append(f"dropped {dupes} duplicate span(s)")
+    if orphans:
+        notes.append(f"{orphans} span(s) reference a parent that is not in the data (partial traces)")
+    return TraceSet(all_traces, views.requests, engines, views.tokenize, tuple(notes))
+
+
+class _Views(NamedTuple):
+    requests: tuple[RequestView, ...]
+    engines: dict[str, EngineView]
+    tokenize: tuple[Span, ...]
+    orphans: int
+
+
+def _views(traces: list[Trace]) -> _Views:
+    """The request and engine views of ``traces`` (vLLM's traces are replaced in the list
+    by their expanded form)."""
     requests: list[RequestView] = []
     steps: dict[str, list[StepView]] = {}
     windows: dict[str, list[WindowView]] = {}
@@ -170,10 +220,6 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
                 gcs.setdefault(_engine_of(trace, span), []).append(span)
             else:
                 tokenize.append(span)
-    if dupes:
-        notes.append(f"dropped {dupes} duplicate span(s)")
-    if orphans:
-        notes.append(f"{orphans} span(s) reference a parent that is not in the data (partial traces)")
     engines = {}
     for eid in sorted(set(steps) | set(windows)):
         st = sorted(steps.get(eid, ()), key=_STEP_START)
@@ -182,7 +228,7 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool) -> TraceS
         engines[eid] = EngineView(eid, tuple(win), tuple(st), tuple(gc))
     requests.sort(key=_REQUEST_START)
     tokenize.sort(key=_START)
-    return TraceSet(tuple(traces), tuple(requests), engines, tuple(tokenize), tuple(notes))
+    return _Views(tuple(requests), engines, tuple(tokenize), orphans)
 
 
 def _vllm_requests(trace: Trace) -> tuple[Trace, list[RequestView]]:

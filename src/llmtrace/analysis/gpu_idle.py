@@ -117,6 +117,9 @@ def segments(engine: EngineView) -> list[Interval]:
     """The engine's analysed time: windows joined where their step ids are consecutive."""
     if engine.windows:
         return _join_windows(engine.windows)
+    if engine.compiled is not None:  # the loop below, over the table's columns
+        table, index = engine.compiled
+        return merge(table.step_segments(index))
     out: list[Interval] = []
     prev: StepView | None = None
     for st in engine.steps:
@@ -155,7 +158,7 @@ def work_intervals(engine: EngineView, requests: Sequence[RequestView],
     Request intervals are added where request traces were kept — they are exact, but
     sampled, which is why the step attributes are always used too.
     """
-    runs = step_runs if step_runs is not None else _step_runs(engine.steps)
+    runs = step_runs if step_runs is not None else step_runs_of(engine)
     return [(r.request.start_ns, r.request.end_ns) for r in requests] + runs
 
 
@@ -164,8 +167,17 @@ def engine_work_intervals(engine: EngineView, requests: Sequence[RequestView],
     """When the engine itself held work: step attributes, and each request from the start of
     its first engine phase to the end of its last (the whole request when it has no phases:
     no claim about upstream without evidence)."""
-    runs = step_runs if step_runs is not None else _step_runs(engine.steps)
+    runs = step_runs if step_runs is not None else step_runs_of(engine)
     return [_engine_held(r) for r in requests] + runs
+
+
+def step_runs_of(engine: EngineView) -> list[Interval]:
+    """:func:`_step_runs` of the engine's steps; asked of the engine table when compiled."""
+    if engine.compiled is not None:
+        table, index = engine.compiled
+        runs: list[Interval] = table.step_runs(index)
+        return runs
+    return _step_runs(engine.steps)
 
 
 _ENGINE_PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE)  # not llm.tokenize: the front end's
@@ -254,6 +266,14 @@ _CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
 _HOST_CAUSE_INDEX = {name: _CAUSE_INDEX[cause] for name, cause in _STEP_HOST_CAUSE.items()}
 _GC = _CAUSE_INDEX["gc"]
 _TOKENIZE = _CAUSE_INDEX["tokenize"]
+#: Cause index by the engine table's host-span name code - 2 (schedule, forward, sample,
+#: postprocess; native/src/table.rs ENGINE_NAMES); forward is never a host span.
+_TABLE_HOST_CAUSES = (
+    _HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
+    0,
+    _HOST_CAUSE_INDEX[sc.SPAN_SAMPLE],
+    _HOST_CAUSE_INDEX[sc.SPAN_POSTPROCESS],
+)
 
 
 def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> Painted:
@@ -459,10 +479,19 @@ def iter_gaps(
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
     segs = segments(engine)
     work = merge(work_intervals(engine, requests, step_runs))
+    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
+    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
+    if engine.compiled is not None:  # the same sweeps over the engine table's columns
+        table, index = engine.compiled
+        try:
+            gaps: list[Gap] = table.classify_gaps(
+                index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, Gap, CAUSES
+            )
+            return segs, gaps
+        except OverflowError:  # a request time beyond int64: the Python sweeps below
+            pass
     if _native_classify_gaps is not None:
         # The same sweeps compiled: busy union, segment gaps, host painting, classification.
-        extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
-        extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
         forwards = [f for st in engine.steps for f in st.forwards]
         hosts = [h for st in engine.steps for h in st.host]
         try:
@@ -479,7 +508,7 @@ def iter_gaps(
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
     """Measure and classify the idle gaps of one engine."""
-    runs = _step_runs(engine.steps)  # once: both work measures use it
+    runs = step_runs_of(engine)  # once: both work measures use it
     segs, found = iter_gaps(engine, requests, tokenize, runs)
     by_cause = dict.fromkeys(CAUSES, 0)
     with_work = 0

@@ -18,8 +18,8 @@ capping. Span links from ``llm.step`` to ``llm.request`` are used where present.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import IntEnum
 from operator import attrgetter
 from types import MappingProxyType
@@ -274,19 +274,25 @@ class WindowView:
 
 @dataclass(frozen=True, slots=True)
 class EngineView:
-    """The sampled timeline of one engine: windows, steps (sorted by start), gc pauses."""
+    """The sampled timeline of one engine: windows, steps (sorted by start), gc pauses.
+
+    ``compiled`` is set when the steps live in the compiled engine table
+    (:mod:`llmtrace.analysis.engine_table`): ``steps`` then makes :class:`StepView` objects
+    only when read, and the analyzers ask the table through the handle instead.
+    """
 
     engine_id: str
     windows: tuple[WindowView, ...]
-    steps: tuple[StepView, ...]
+    steps: Sequence[StepView]
     gc: tuple[Span, ...]
+    compiled: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
 class TraceSet:
     """Everything one analysis run looks at, plus the joins between requests and steps."""
 
-    traces: tuple[Trace, ...]
+    traces: Sequence[Trace]  # with a compiled engine table: engine traces made on first use
     requests: tuple[RequestView, ...]
     engines: Mapping[str, EngineView]
     tokenize: tuple[Span, ...]
@@ -294,7 +300,9 @@ class TraceSet:
 
     @property
     def span_count(self) -> int:
-        return sum(len(t.spans) for t in self.traces)
+        # engine_table.CompiledTraces counts its compiled traces without making them.
+        python = getattr(self.traces, "python_part", self.traces)
+        return sum(len(t.spans) for t in python) + getattr(self.traces, "compiled_spans", 0)
 
     def steps_of(self, request: RequestView) -> Iterator[StepView]:
         """Steps that served ``request``: by link, else by the ``llm.step.*_id`` range."""

@@ -116,8 +116,9 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     phases = phase_breakdown(per_phase, e2e)
     share = {p.phase: p.share for p in phases}
     idle = tuple(engine_idle(e, reqs, ts.tokenize) for e in ts.engines.values())
-    all_steps = [s for e in ts.engines.values() for s in e.steps]
-    diagnosis = bn.diagnose(bn.features(idle, all_steps, reqs, share.get("queue", 0.0), share.get("network", 0.0)))
+    diagnosis = bn.diagnose(
+        bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0))
+    )
     windows = tuple(_window_verdicts(ts.engines, idle))
     anomalies = tuple(find_anomalies(reqs, dominant))
     ttfts = [v for r in reqs if (v := r.ttft_s) is not None]
@@ -186,13 +187,36 @@ def _request_stats(
     }
 
 
+def _all_step_stats(engines: Mapping[str, EngineView]) -> bn.StepStats:
+    """Step statistics of every engine's steps, one engine after another."""
+    compiled = [e.compiled for e in engines.values() if e.compiled is not None]
+    if compiled and len(compiled) == len(engines):  # one table holds them all, in this order
+        return bn.StepStats(*compiled[0].table.step_stats(None))
+    return bn.step_stats([s for e in engines.values() for s in e.steps])
+
+
+def _step_starts(e: EngineView) -> list[int]:
+    if e.compiled is not None:
+        table, index = e.compiled
+        starts: list[int] = table.step_starts(index)
+        return starts
+    return [s.step.start_ns for s in e.steps]
+
+
+def _range_stats(e: EngineView, lo: int, hi: int) -> bn.StepStats:
+    if e.compiled is not None:
+        table, index = e.compiled
+        return bn.StepStats(*table.step_stats(index, lo, hi))
+    return bn.step_stats(e.steps[lo:hi])
+
+
 def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> list[WindowVerdict]:
     out = []
     for e, ei in zip(engines.values(), idle, strict=True):
-        starts = [s.step.start_ns for s in e.steps]
+        starts = _step_starts(e)
         gap_starts = [g.start_ns for g in ei.gaps]
         for w in e.windows:
-            steps = e.steps[bisect_left(starts, w.start_ns) : bisect_right(starts, w.end_ns)]
+            steps = _range_stats(e, bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
             idle_ns = work_ns = 0
             causes: dict[str, int] = {}
             ws, we = w.start_ns, w.end_ns
@@ -229,7 +253,7 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
     gaps = ei.gaps
     keys = list(zip(map(_WORK_WAITING, gaps), map(sub, map(_END, gaps), map(_START, gaps)), strict=True))
     worst = gaps[keys.index(max(keys))] if keys else None
-    starts = [s.step.start_ns for s in e.steps]
+    starts = _step_starts(e)
     center = bisect_left(starts, worst.start_ns) if worst else 0
     lo = max(0, center - TIMELINE_STEPS // 2)
     steps = e.steps[lo : lo + TIMELINE_STEPS]

@@ -10,7 +10,7 @@ from typing import Any
 
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.model import Span
-from llmtrace.analysis.sources import is_url, load_spans
+from llmtrace.analysis.sources import is_url, load_spans, new_engine_table
 from llmtrace.analysis.summary import Analysis, analyze, to_json
 from llmtrace.cli._progress import Progress
 from llmtrace.cli._timeparse import parse_time
@@ -34,6 +34,7 @@ def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: boo
     since, until = _window(args)
     spans: list[Span] = []
     warnings: list[str] = []
+    table = new_engine_table()  # engine-side spans as compiled columns (None without llmtrace-native)
     for src in sources:
         label = src if len(src) <= 40 else "…" + src[-39:]
         bar = Progress(
@@ -50,12 +51,13 @@ def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: boo
                 limit=getattr(args, "limit", 1000),
                 api=getattr(args, "api", "auto"),
                 progress=bar,
+                table=table,
             )
         finally:
             bar.close()
         spans.extend(loaded.spans)
         warnings.extend(loaded.warnings)
-    ts = build_traceset(spans, warnings=warnings, skew=not getattr(args, "no_skew_adjust", False))
+    ts = build_traceset(spans, warnings=warnings, skew=not getattr(args, "no_skew_adjust", False), table=table)
     if not ts.requests and not ts.engines:
         note = "no llm.request or llm.step spans found: is this an llmtrace-instrumented service?"
         ts = dataclasses.replace(ts, warnings=(*ts.warnings, note))

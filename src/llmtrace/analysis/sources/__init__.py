@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis.engine_table import EngineTable, merge_in
 from llmtrace.analysis.errors import EmptySourceError
 from llmtrace.analysis.model import Span
 from llmtrace.analysis.sources.files import ReadStats, iter_file_batches, iter_file_spans
 from llmtrace.analysis.sources.jaeger import DEFAULT_LIMIT, JaegerSource
+from llmtrace.analysis.sources.otlp_native import new_table as new_engine_table
 
 if TYPE_CHECKING:
     import httpx
@@ -48,11 +50,16 @@ def load_spans(
     api: str = "auto",
     progress: Callable[[int, int], None] | None = None,
     transport: httpx.BaseTransport | None = None,
+    table: EngineTable | None = None,
 ) -> Loaded:
     """Read every span from ``spec``; raise :class:`EmptySourceError` when there are none.
 
     For files, ``services``/``since_ns``/``until_ns`` filter the spans after reading (a trace
     is kept whole when its earliest span starts inside the window).
+
+    ``table`` (:func:`new_engine_table`): engine-side spans of OTLP lines stay in it as
+    columns instead of joining ``Loaded.spans``; pass it on to ``build_traceset``. Several
+    reads may share one table (their spans then count as one read, in order).
     """
     if is_url(spec):
         until = until_ns if until_ns is not None else time.time_ns()
@@ -63,14 +70,28 @@ def load_spans(
         finally:
             client.close()
         warnings = client.stats.warnings(spec) + client.warnings
+        if table is not None:
+            table.python_seen += len(spans)
     else:
         stats = ReadStats()
         spans = []
+        seen = table.python_seen if table is not None else 0
+        in_table = len(table) if table is not None else 0
         with paused_gc():
-            for batch in iter_file_batches(spec, stats=stats, progress=progress):
+            for batch in iter_file_batches(spec, stats=stats, progress=progress, table=table):
                 spans += batch
+                if table is not None:
+                    table.python_seen += len(batch)
         warnings = stats.warnings(spec)
+        if table is not None and len(table) > in_table and (services or since_ns is not None or until_ns is not None):
+            # Filters read whole traces: this read's table spans become Python spans again.
+            placed = [(b - seen, s) for b, s in table.take_back(in_table)]
+            spans = merge_in(spans, placed)
         spans = _filter(spans, services, since_ns, until_ns)
+        if table is not None:
+            table.python_seen = seen + len(spans)
+        if not spans and table is not None and len(table) > in_table:
+            return Loaded(spec, spans, warnings)
     if not spans:
         raise EmptySourceError(spec, "no spans found" + (" for the given filters" if services or since_ns else ""))
     return Loaded(spec, spans, warnings)
@@ -91,4 +112,13 @@ def _filter(spans: list[Span], services: list[str] | None, since_ns: int | None,
     return [s for s in spans if s.trace_id in keep_trace and lo <= first[s.trace_id] <= hi]
 
 
-__all__ = ["DEFAULT_LIMIT", "JaegerSource", "Loaded", "ReadStats", "is_url", "iter_file_spans", "load_spans"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "JaegerSource",
+    "Loaded",
+    "ReadStats",
+    "is_url",
+    "iter_file_spans",
+    "load_spans",
+    "new_engine_table",
+]

@@ -20,6 +20,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
 from llmtrace.analysis.sources import otlp_native, otlp_typed
@@ -98,21 +99,19 @@ def decoder_name(source: str) -> str:
     return "generic"
 
 
-def line_decoder(source: str) -> LineDecoder | None:
+def line_decoder(source: str, table: EngineTable | None = None) -> LineDecoder | None:
     """The fast decoder for OTLP lines (:func:`decoder_name`): the compiled one, backed by
     the typed msgspec one where both are installed; ``None``: every line takes the generic
-    dict path."""
+    dict path. The compiled one puts engine-side spans into ``table`` when given."""
     name = decoder_name(source)
     typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and name != "generic" else None
     if name != "native":
         return typed
     native = otlp_native.spans_from_line
-    if typed is None:
-        return native
 
     def native_then_typed(line: bytes, intern: Interner) -> list[Span] | None:
-        spans = native(line, intern)
-        return spans if spans is not None else typed(line, intern)
+        spans = native(line, intern, table)
+        return spans if spans is not None or typed is None else typed(line, intern)
 
     return native_then_typed
 
@@ -144,9 +143,11 @@ def iter_file_spans(path: str, *, stats: ReadStats | None = None, progress: Prog
 
 
 def iter_file_batches(
-    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None
+    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None, table: EngineTable | None = None
 ) -> Iterator[list[Span]]:
-    """Stream a trace file one document (one exporter batch) at a time."""
+    """Stream a trace file one document (one exporter batch) at a time; with ``table`` (and
+    llmtrace-native in use), OTLP lines leave their engine-side spans in it instead (the
+    caller keeps ``table.python_seen`` up to date with the spans it has taken)."""
     stats = stats if stats is not None else ReadStats()
     intern = Interner()
     try:
@@ -172,11 +173,13 @@ def iter_file_batches(
                 stream,
                 raw=raw,
                 size=size,
+                first=first,
                 first_doc=first_doc,
                 lineno=lineno,
                 intern=intern,
                 stats=stats,
                 progress=progress,
+                table=table,
             )
         else:
             text = first + stream.read()
@@ -202,18 +205,27 @@ def _iter_lines(
     *,
     raw: BinaryIO,
     size: int,
+    first: bytes,
     first_doc: Any,
     lineno: int,
     intern: Interner,
     stats: ReadStats,
     progress: ProgressFn | None,
+    table: EngineTable | None,
 ) -> Iterator[list[Span]]:
-    yield spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
-    tick = 0
     # The compiled and typed decoders read OTLP lines straight into spans; a line they
     # decline (anything but plain OTLP traces, or input to report an error on) takes the
-    # generic path below, which yields the same spans and raises the same errors.
-    fast = line_decoder(path)
+    # generic path below, which yields the same spans and raises the same errors. The first
+    # line too (decoded once already to detect the format): with an engine table, its
+    # engine spans must go where the rest of their engine's go.
+    fast = line_decoder(path, table)
+    spans = fast(first, intern) if fast is not None else None
+    if spans is not None:
+        stats.documents += 1
+        yield spans
+    else:
+        yield spans_from_document(first_doc, source=path, position=f"line {lineno}", intern=intern, stats=stats)
+    tick = 0
     # A plain file is cut into lines here (memchr over 4 MiB blocks): BufferedReader's
     # readline scans byte by byte, ~2,000 instructions per span on these ~100 kB lines.
     # Compressed streams keep readline, so a truncation is reported at the same line.

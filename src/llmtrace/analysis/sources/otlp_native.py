@@ -18,21 +18,31 @@ changes but speed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from llmtrace.analysis._native import native
+from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
 from llmtrace.analysis.sources.otlp import Interner
 
 AVAILABLE = native is not None
-_decode: Callable[[bytes, dict[str, str]], list[Span] | None] | None = (
+_DECODER: Any = (
     native.Decoder(Span, Link, [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)], EMPTY_ATTRS)
-    .spans_from_line
     if native is not None
     else None
 )
+_decode: Callable[..., list[Span] | None] | None = _DECODER.spans_from_line if _DECODER is not None else None
 
 
-def spans_from_line(data: bytes, intern: Interner) -> list[Span] | None:
-    """The spans of one OTLP/JSON traces line, or ``None`` when a Python path must read it."""
+def spans_from_line(data: bytes, intern: Interner, table: EngineTable | None = None) -> list[Span] | None:
+    """The spans of one OTLP/JSON traces line, or ``None`` when a Python path must read it.
+    With ``table``, engine-side spans go into it instead of the list."""
     assert _decode is not None, "llmtrace-native is not installed (check AVAILABLE first)"
-    return _decode(data, intern.strings)
+    if table is None:
+        return _decode(data, intern.strings)
+    return _decode(data, intern.strings, table.native)
+
+
+def new_table() -> EngineTable | None:
+    """An empty engine table for ``load_spans(table=...)``; ``None`` without llmtrace-native."""
+    return EngineTable(native.EngineTable(_DECODER)) if native is not None else None
