@@ -33,6 +33,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable
+from typing import Any
 
 from llmtrace.analysis import analyze, build_traceset
 from llmtrace.analysis.sources import load_spans
@@ -109,16 +110,24 @@ def new_table(use: bool) -> object | None:
     return new_engine_table()
 
 
+# Old trees (A/B runs) have no table parameters: pass one only when there is a table.
+def _load(path: str, table: object | None) -> Any:
+    return load_spans(path) if table is None else load_spans(path, table=table)  # type: ignore[call-arg]
+
+
+def _build(loaded: Any, table: object | None) -> Any:
+    if table is None:
+        return build_traceset(loaded.spans, warnings=loaded.warnings)
+    return build_traceset(loaded.spans, warnings=loaded.warnings, table=table)  # type: ignore[call-arg]
+
+
 def throughput(path: str, use_table: bool) -> dict[str, float]:
     gc.collect()
     t0 = time.process_time()
     table = new_table(use_table)
-    loaded = load_spans(path, table=table) if table is not None else load_spans(path)  # type: ignore[call-arg]
+    loaded = _load(path, table)
     t1 = time.process_time()
-    if table is not None:
-        ts = build_traceset(loaded.spans, warnings=loaded.warnings, table=table)  # type: ignore[call-arg]
-    else:
-        ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    ts = _build(loaded, table)
     t2 = time.process_time()
     analyze(ts, source=path)
     t3 = time.process_time()
@@ -139,12 +148,8 @@ def memory(path: str, use_table: bool) -> dict[str, float]:
     gc.collect()
     tracemalloc.start()
     table = new_table(use_table)
-    if table is not None:
-        loaded = load_spans(path, table=table)  # type: ignore[call-arg]
-        ts = build_traceset(loaded.spans, warnings=loaded.warnings, table=table)  # type: ignore[call-arg]
-    else:
-        loaded = load_spans(path)
-        ts = build_traceset(loaded.spans, warnings=loaded.warnings)
+    loaded = _load(path, table)
+    ts = _build(loaded, table)
     del loaded
     gc.collect()
     held, peak = tracemalloc.get_traced_memory()

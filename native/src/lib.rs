@@ -134,6 +134,13 @@ struct RawLink<'a> {
     span_id: Cow<'a, str>,
 }
 
+impl RawLink<'_> {
+    /// Ids the Python paths take as they are (see [`is_id`]).
+    fn ids_ok(&self) -> bool {
+        is_id(&self.trace_id, 32) && is_id(&self.span_id, 16)
+    }
+}
+
 #[derive(Deserialize)]
 struct KeyValue<'a> {
     #[serde(borrow)]
@@ -165,6 +172,17 @@ struct AnyValue<'a, A> {
 }
 
 impl<A> AnyValue<'_, A> {
+    /// Whether only the Python paths convert this value: `kvlistValue`, `bytesValue`, or
+    /// several keys (the generic path takes the first in document order).
+    fn python_only(&self) -> bool {
+        self.kvlist.is_some() || self.bytes.is_some() || self.keys_set() > 1
+    }
+
+    /// [`AnyValue::python_only`] for an array element, which may not nest an array either.
+    fn python_only_element(&self) -> bool {
+        self.array.is_some() || self.python_only()
+    }
+
     /// How many of the scalar and array keys are present.
     fn keys_set(&self) -> usize {
         [
@@ -519,7 +537,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         let first_attr = t.attrs.len();
         for kv in sp.attributes.as_deref().unwrap_or_default() {
             let v = &kv.value;
-            if v.kvlist.is_some() || v.bytes.is_some() || v.keys_set() > 1 {
+            if v.python_only() {
                 return Err(Fail::Decline);
             }
             let value = match (table_scalar(t, v)?, &v.array) {
@@ -528,11 +546,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                     let values = arr.values.as_deref().unwrap_or_default();
                     let at = t.elems.len() as u32;
                     for e in values {
-                        if e.array.is_some()
-                            || e.kvlist.is_some()
-                            || e.bytes.is_some()
-                            || e.keys_set() > 1
-                        {
+                        if e.python_only_element() {
                             return Err(Fail::Decline);
                         }
                         let x = table_scalar(t, e)?.unwrap_or(table::Val::Nothing);
@@ -547,7 +561,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         }
         let first_link = t.links.len();
         for ln in sp.links.as_deref().unwrap_or_default() {
-            if !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16) {
+            if !ln.ids_ok() {
                 return Err(Fail::Decline);
             }
             let trace = t.strings.id(&ln.trace_id);
@@ -579,10 +593,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
 
     fn links(&self, raw: &'doc [Obj<RawLink<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
-        if raw
-            .iter()
-            .any(|ln| !is_id(&ln.trace_id, 32) || !is_id(&ln.span_id, 16))
-        {
+        if raw.iter().any(|ln| !ln.ids_ok()) {
             return Err(Fail::Decline);
         }
         let tuple = Owned::new(py, unsafe {
@@ -613,9 +624,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {
             let v = &kv.value;
-            if v.kvlist.is_some() || v.bytes.is_some() || v.keys_set() > 1 {
-                // Only the Python paths convert these (a value with several keys: the
-                // generic path takes the first in document order).
+            if v.python_only() {
                 return Err(Fail::Decline);
             }
             let value = match (self.scalar(v, true)?, &v.array) {
@@ -639,7 +648,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
         })?;
         for (i, e) in values.iter().enumerate() {
-            if e.array.is_some() || e.kvlist.is_some() || e.bytes.is_some() || e.keys_set() > 1 {
+            if e.python_only_element() {
                 return Err(Fail::Decline);
             }
             let value = match self.scalar(e, false)? {

@@ -155,16 +155,14 @@ def build_traceset(
 
 def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool, table: EngineTable | None) -> TraceSet | None:
     traces, dupes = group_traces(spans, skew=skew)
-    part = None
-    if table is not None:
-        part = build_part(table, (t.trace_id for t in traces))
-        if part is None:
-            return None
+    part = build_part(table, (t.trace_id for t in traces)) if table is not None else None
+    if table is not None and part is None:
+        return None
     views = _views(traces)
     engines = views.engines
     all_traces: Sequence[Trace] = tuple(traces)
     orphans = views.orphans
-    if part is not None:
+    if table is not None and part is not None:
         if not engines.keys().isdisjoint(part.engines):
             return None  # one engine on both sides: its steps must be sorted together
         for eid, (win_c, steps_c, gc_c, handle) in part.engines.items():
@@ -172,7 +170,7 @@ def _build(spans: Iterable[Span], warnings: Iterable[str], skew: bool, table: En
         engines = dict(sorted(engines.items()))
         dupes += part.duplicates
         orphans += part.orphans
-        all_traces = CompiledTraces(all_traces, table.native if table is not None else None, part.traces, part.spans)
+        all_traces = CompiledTraces(all_traces, table.native, part.traces, part.spans)
     notes = list(warnings)
     if dupes:
         notes.append(f"dropped {dupes} duplicate span(s)")
