@@ -189,7 +189,7 @@ fn sweep(intervals: &[(i64, i64, u8)]) -> Painted {
 }
 
 /// `_covered`: how much of [a, b) the sorted, disjoint intervals cover, from index k on.
-fn covered(a: i64, b: i64, intervals: &[Interval], mut k: usize) -> i64 {
+pub(crate) fn covered(a: i64, b: i64, intervals: &[Interval], mut k: usize) -> i64 {
     let mut total = 0;
     while k < intervals.len() && intervals[k].0 < b {
         let (s, e) = intervals[k];
@@ -243,6 +243,16 @@ pub fn classify_gaps<'py>(
     )
 }
 
+/// One classified gap: its bounds, time per cause index (`per[other]` is what no host span
+/// explains) and its work-waiting time.
+#[derive(Clone, Copy)]
+pub(crate) struct GapRec {
+    pub(crate) start: i64,
+    pub(crate) end: i64,
+    pub(crate) per: [i64; 8],
+    pub(crate) waiting: i64,
+}
+
 /// The sweeps of `iter_gaps` over plain intervals: forwards `fw` and step host segments
 /// `hosts` (in step order), shared by [`classify_gaps`] and the compiled engine table.
 #[allow(clippy::too_many_arguments)]
@@ -252,38 +262,43 @@ pub(crate) fn classify<'py>(
     segs: &[Interval],
     fw: Vec<Interval>,
     painted_in: Painted,
-    mut extras: Vec<(i64, i64, u8)>,
+    extras: Vec<(i64, i64, u8)>,
     work: &[Interval],
     gap_type: &Bound<'py, PyAny>,
     causes: &Bound<'py, PyTuple>,
 ) -> PyResult<Bound<'py, PyList>> {
-    if !named_tuple::is_tuple_class(gap_type) {
-        return Err(pyo3::exceptions::PyTypeError::new_err(
-            "gap_type must be a named tuple class",
-        ));
-    }
-    let raw = segment_gaps(segs, &busy(fw));
-    let painted = paint_host(painted_in, &mut extras);
-    let ncauses = causes.len();
+    let recs = classify_raw(segs, fw, painted_in, extras, work, causes.len())?;
+    gaps_to_py(py, engine_id, &recs, gap_type, causes)
+}
+
+/// `_classify_all` after `_busy`, `_segment_gaps` and `paint_host`, as plain records.
+pub(crate) fn classify_raw(
+    segs: &[Interval],
+    fw: Vec<Interval>,
+    painted_in: Painted,
+    mut extras: Vec<(i64, i64, u8)>,
+    work: &[Interval],
+    ncauses: usize,
+) -> PyResult<Vec<GapRec>> {
     if ncauses == 0 || ncauses > 8 || extras.iter().any(|x| usize::from(x.2) >= ncauses) {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "cause indexes out of range",
         ));
     }
+    let raw = segment_gaps(segs, &busy(fw));
+    let painted = paint_host(painted_in, &mut extras);
     let other = ncauses - 1;
-    let names: Vec<Bound<'py, PyAny>> = causes.iter().collect();
     let (starts, ends, cause_of) = (&painted.starts, &painted.ends, &painted.causes);
     let n = starts.len();
-    let out = PyList::empty(py);
+    let mut out = Vec::with_capacity(raw.len());
     let (mut j, mut w) = (0usize, 0usize);
-    let mut per = vec![0i64; ncauses];
     for (a, b) in raw {
         while j < n && ends[j] <= a {
             j += 1;
         }
         let mut k = j;
-        let split = if k < n && starts[k] < b {
-            per.iter_mut().for_each(|x| *x = 0);
+        let mut per = [0i64; 8];
+        if k < n && starts[k] < b {
             let mut unexplained = b - a;
             while k < n && starts[k] < b {
                 let ov = ends[k].min(b) - starts[k].max(a);
@@ -294,24 +309,9 @@ pub(crate) fn classify<'py>(
                 k += 1;
             }
             per[other] = unexplained;
-            let items: Vec<Bound<'py, PyTuple>> = per
-                .iter()
-                .enumerate()
-                .filter(|(_, ns)| **ns != 0)
-                .map(|(i, ns)| {
-                    PyTuple::new(py, [names[i].clone(), ns.into_pyobject(py)?.into_any()])
-                })
-                .collect::<PyResult<_>>()?;
-            PyTuple::new(py, items)?
-        } else if b != a {
-            let item = PyTuple::new(
-                py,
-                [names[other].clone(), (b - a).into_pyobject(py)?.into_any()],
-            )?;
-            PyTuple::new(py, [item])?
         } else {
-            PyTuple::empty(py)
-        };
+            per[other] = b - a;
+        }
         while w < work.len() && work[w].1 <= a {
             w += 1;
         }
@@ -320,12 +320,45 @@ pub(crate) fn classify<'py>(
         } else {
             covered(a, b, work, w)
         };
+        out.push(GapRec {
+            start: a,
+            end: b,
+            per,
+            waiting,
+        });
+    }
+    Ok(out)
+}
+
+/// The records as `gap_type` tuples `(engine_id, start, end, ((cause, ns), ...), waiting)`
+/// with only the non-zero causes, in `causes` order.
+pub(crate) fn gaps_to_py<'py>(
+    py: Python<'py>,
+    engine_id: &Bound<'py, PyAny>,
+    recs: &[GapRec],
+    gap_type: &Bound<'py, PyAny>,
+    causes: &Bound<'py, PyTuple>,
+) -> PyResult<Bound<'py, PyList>> {
+    if !named_tuple::is_tuple_class(gap_type) {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
+            "gap_type must be a named tuple class",
+        ));
+    }
+    let names: Vec<Bound<'py, PyAny>> = causes.iter().collect();
+    let out = PyList::empty(py);
+    for g in recs {
+        let items: Vec<Bound<'py, PyTuple>> = g.per[..names.len()]
+            .iter()
+            .enumerate()
+            .filter(|(_, ns)| **ns != 0)
+            .map(|(i, ns)| PyTuple::new(py, [names[i].clone(), ns.into_pyobject(py)?.into_any()]))
+            .collect::<PyResult<_>>()?;
         let fields = [
             engine_id.clone(),
-            a.into_pyobject(py)?.into_any(),
-            b.into_pyobject(py)?.into_any(),
-            split.into_any(),
-            waiting.into_pyobject(py)?.into_any(),
+            g.start.into_pyobject(py)?.into_any(),
+            g.end.into_pyobject(py)?.into_any(),
+            PyTuple::new(py, items)?.into_any(),
+            g.waiting.into_pyobject(py)?.into_any(),
         ];
         let gap = named_tuple::new(
             py,

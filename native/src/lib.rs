@@ -838,6 +838,7 @@ fn is_id(s: &str, len: usize) -> bool {
     s.len() == len && s.is_ascii()
 }
 
+mod critical_path;
 mod gpu_idle;
 mod named_tuple;
 mod table;
@@ -846,9 +847,10 @@ mod table;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 2)?;
+    m.add("ABI_VERSION", 3)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
+    m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     Ok(())
 }

@@ -436,6 +436,58 @@ fn continued(a: &Option<Vec<Key>>, b: &Option<Vec<Key>>) -> bool {
     b.iter().any(|k| set.contains(k)) || (a.len() >= 64 && b.len() >= 64)
 }
 
+/// `gpu_idle.TOP_GAPS`.
+const TOP_GAPS: usize = 20;
+
+/// Idle time, work-waiting time and `(cause index, ns)` in first-seen order, of one window.
+type WindowIdle = (i64, i64, Vec<(usize, i64)>);
+
+/// `gpu_idle.window_idle`: the gaps' time inside window `(ws, we)`; a gap cut by the
+/// window counts its work-waiting and cause times in proportion, truncated.
+fn window_idle(recs: &[gpu_idle::GapRec], (ws, we): Interval, ncauses: usize) -> WindowIdle {
+    let lo = recs.partition_point(|g| g.start < ws).saturating_sub(1); // bisect_left - 1
+    let hi = recs.partition_point(|g| g.start <= we); // bisect_right
+    let (mut idle, mut work) = (0i64, 0i64);
+    let mut causes: Vec<(usize, i64)> = Vec::new();
+    let mut add = |c: usize, ns: i64| match causes.iter_mut().find(|x| x.0 == c) {
+        Some(x) => x.1 += ns,
+        None => causes.push((c, ns)),
+    };
+    for g in &recs[lo..hi.max(lo)] {
+        let (gs, ge) = (g.start, g.end);
+        let split = g.per[..ncauses]
+            .iter()
+            .enumerate()
+            .filter(|(_, ns)| **ns != 0);
+        if gs >= ws && ge <= we {
+            idle += ge - gs;
+            work += g.waiting;
+            split.for_each(|(c, ns)| add(c, *ns));
+            continue;
+        }
+        let ov = ge.min(we) - gs.max(ws);
+        if ov <= 0 {
+            continue;
+        }
+        let frac = ov as f64 / (ge - gs) as f64;
+        idle += ov;
+        work += (g.waiting as f64 * frac) as i64;
+        split.for_each(|(c, ns)| add(c, (*ns as f64 * frac) as i64));
+    }
+    (idle, work, causes)
+}
+
+/// `stats.percentile` over sorted integers (the result a float, as in Python).
+fn percentile_ints(xs: &[i64], q: f64) -> f64 {
+    if xs.len() == 1 {
+        return xs[0] as f64;
+    }
+    let pos = (xs.len() - 1) as f64 * q / 100.0;
+    let lo = pos.floor() as usize;
+    let hi = (lo + 1).min(xs.len() - 1);
+    xs[lo] as f64 + (xs[hi] - xs[lo]) as f64 * (pos - lo as f64)
+}
+
 /// `stats.percentile` over sorted values.
 fn percentile_sorted(xs: &[f64], q: f64) -> f64 {
     if xs.len() == 1 {
@@ -884,10 +936,14 @@ impl EngineTable {
         Ok(out)
     }
 
-    /// `gpu_idle.iter_gaps`' sweeps for engine `e`: `host_cause[name code - 2]` is the
-    /// cause index of `llm.schedule`, `llm.forward` (unused), `llm.sample`, `llm.postprocess`.
-    #[allow(clippy::too_many_arguments)]
-    fn classify_gaps<'py>(
+    /// `gpu_idle.engine_idle` for engine `e` after its Python preparation: the gap sweeps
+    /// of `iter_gaps` (`host_cause[name code - 2]` is the cause index of `llm.schedule`,
+    /// `llm.forward` (unused), `llm.sample`, `llm.postprocess`), then what `gap_totals` and
+    /// `window_idle` compute from the gaps. `work` and `engine_work` are merged. Returns
+    /// `(gaps, per-cause ns, with_work, engine_side, idle, p50, p99, top gap indexes,
+    /// [(idle, with_work, [(cause index, ns)]) per window])`.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn idle<'py>(
         &self,
         py: Python<'py>,
         e: usize,
@@ -896,9 +952,21 @@ impl EngineTable {
         host_cause: [u8; 4],
         extras: Vec<(i64, i64, u8)>,
         work: Vec<Interval>,
+        engine_work: Vec<Interval>,
+        windows: Vec<Interval>,
         gap_type: &Bound<'py, PyAny>,
         causes: &Bound<'py, PyTuple>,
-    ) -> PyResult<Bound<'py, PyList>> {
+    ) -> PyResult<(
+        Bound<'py, PyList>,
+        Vec<i64>,
+        i64,
+        i64,
+        i64,
+        f64,
+        f64,
+        Vec<usize>,
+        Vec<WindowIdle>,
+    )> {
         let cols = self.engine(e)?;
         let spans = &self.data.spans;
         let fw: Vec<Interval> = cols
@@ -913,9 +981,54 @@ impl EngineTable {
             hosts.ends.push(s.end);
             hosts.causes.push(host_cause[usize::from(s.name - 2)]);
         }
-        gpu_idle::classify(
-            py, &engine_id, &segs, fw, hosts, extras, &work, gap_type, causes,
-        )
+        let ncauses = causes.len();
+        let recs = gpu_idle::classify_raw(&segs, fw, hosts, extras, &work, ncauses)?;
+        let gaps = gpu_idle::gaps_to_py(py, &engine_id, &recs, gap_type, causes)?;
+        let mut by_cause = vec![0i64; ncauses];
+        let mut with_work = 0i64;
+        for g in &recs {
+            with_work += g.waiting;
+            for (total, ns) in by_cause.iter_mut().zip(&g.per) {
+                *total += ns;
+            }
+        }
+        // `_overlap` of the gaps with work waiting and the engine's own work.
+        let (mut engine_side, mut i) = (0i64, 0usize);
+        for g in recs.iter().filter(|g| g.waiting != 0) {
+            while i < engine_work.len() && engine_work[i].1 <= g.start {
+                i += 1;
+            }
+            engine_side += gpu_idle::covered(g.start, g.end, &engine_work, i);
+        }
+        let mut durations: Vec<i64> = recs.iter().map(|g| g.end - g.start).collect();
+        let idle: i64 = durations.iter().sum();
+        let mut top: Vec<usize> = (0..recs.len()).collect();
+        top.sort_by_key(|&k| (-(recs[k].end - recs[k].start), recs[k].start));
+        top.truncate(TOP_GAPS);
+        durations.sort_unstable();
+        let (p50, p99) = if durations.is_empty() {
+            (0.0, 0.0)
+        } else {
+            (
+                percentile_ints(&durations, 50.0),
+                percentile_ints(&durations, 99.0),
+            )
+        };
+        let per_window = windows
+            .iter()
+            .map(|&w| window_idle(&recs, w, ncauses))
+            .collect();
+        Ok((
+            gaps,
+            by_cause,
+            with_work,
+            engine_side,
+            idle,
+            p50,
+            p99,
+            top,
+            per_window,
+        ))
     }
 
     /// `bottleneck.step_stats` of steps `lo..hi` of engine `e`, or of every engine's steps

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from llmtrace.analysis import analyze, build_traceset
 from llmtrace.analysis.critical_path import aggregate, critical_path, exclusive_by_name
 from llmtrace.analysis.model import Link, Span, SpanKind, Trace
@@ -143,3 +147,35 @@ def test_aggregate_shares_sum_to_one_and_percentiles_are_per_name() -> None:
         "llm.prefill": 3_000_000,
         "llm.tokenize": 1_000_000,
     }
+
+
+def _random_tree(rng: random.Random) -> tuple[Trace, Span]:
+    """A random tree: overlapping, touching, zero-length and outliving children, ties in
+    start and end, and sometimes a parent cycle back to the root."""
+    root = span("root", 0, rng.choice([10, 50, 100]), trace="r" * 32)
+    spans = [root]
+    for _ in range(rng.randint(0, 25)):
+        parent = rng.choice(spans)
+        a = rng.choice([rng.uniform(-10, 110), parent.start_ns / 1e6 - T0 / 1e6, rng.randint(0, 100)])
+        b = a + rng.choice([0.0, rng.uniform(0, 40), rng.randint(0, 30)])
+        spans.append(span(rng.choice(["a", "b", "c"]), a, b, parent=parent))
+    if rng.random() < 0.1 and len(spans) > 1:  # the root names one of its descendants as parent
+        spans[0] = root = root._replace(parent_id=rng.choice(spans[1:]).span_id)
+    trace = Trace.build("r" * 32, spans)
+    return trace, root
+
+
+def test_compiled_walk_and_python_walk_agree_on_random_trees() -> None:
+    """native/src/critical_path.rs against the Python reference: same sections, same objects."""
+    from llmtrace.analysis import critical_path as cp
+
+    if cp._compiled is None:
+        pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
+    rng = random.Random(5)
+    for _ in range(3000):
+        trace, root = _random_tree(rng)
+        allowance = rng.choice([0, 0, 1_000_000, 5_000_000])
+        python = cp._critical_path(trace, root, allowance)
+        compiled = cp.critical_path(trace, root, overlap_allowance_ns=allowance)
+        assert compiled == python
+        assert [s.span for s in compiled] == [s.span for s in python]

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
+from llmtrace.analysis._native import native
 from llmtrace.analysis.model import Span, Trace, fast_constructor
 from llmtrace.analysis.stats import pcts
 
@@ -49,6 +50,7 @@ class Section:
 
 
 _new_section = fast_constructor(Section)
+_compiled = native.critical_path if native is not None else None
 _END_THEN_START = itemgetter(1, 0)
 
 
@@ -64,6 +66,17 @@ def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[
 
 def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) -> list[Section]:
     """Sections of the critical path of ``root``'s subtree, latest first; they tile ``root``."""
+    if _compiled is not None and type(trace.children) is dict:
+        try:  # the same walk compiled (native/src/critical_path.rs)
+            sections: list[Section] = _compiled(trace.children, root, overlap_allowance_ns, _new_section)
+            return sections
+        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
+            pass
+    return _critical_path(trace, root, overlap_allowance_ns)
+
+
+def _critical_path(trace: Trace, root: Span, overlap_allowance_ns: int) -> list[Section]:
+    """:func:`critical_path` in Python: the reference, and the path without llmtrace-native."""
     sections: list[Section] = []
     # A frame: the span, its clipped start, its children (clipped, latest end first), a
     # cursor into them, and its name path (built once per frame, shared by its sections).

@@ -99,6 +99,7 @@ class EngineIdle:
     segments: tuple[Interval, ...]
     steps: int
     gaps: tuple[Gap, ...]  # every gap, by start time (per-window diagnosis, the timeline)
+    windows: tuple[WindowIdle, ...] = ()  # of each of the engine's windows, in their order
 
     @property
     def idle_ns(self) -> int:
@@ -470,6 +471,49 @@ def _overlap(gaps: Sequence[Interval], intervals: Sequence[Interval]) -> int:
     return total
 
 
+class WindowIdle(NamedTuple):
+    """The gaps' time inside one window (:func:`window_idle`)."""
+
+    idle_ns: int
+    with_work_ns: int
+    causes: dict[str, int]  # cause -> ns, in the order the gaps name them
+
+
+def window_idle(gaps: Sequence[Gap], gap_starts: Sequence[int], start_ns: int, end_ns: int) -> WindowIdle:
+    """Idle and work-waiting time of the sorted ``gaps`` inside ``[start_ns, end_ns]``; a gap
+    the window cuts counts its work-waiting and cause times in proportion (truncated)."""
+    idle_ns = work_ns = 0
+    causes: dict[str, int] = {}
+    ws, we = start_ns, end_ns
+    for _, gs, ge, split, waiting in gaps[max(0, bisect_left(gap_starts, ws) - 1) : bisect_right(gap_starts, we)]:
+        if gs >= ws and ge <= we:  # inside the window: frac = 1 and int(ns * 1.0) == ns
+            idle_ns += ge - gs
+            work_ns += waiting
+            for c, ns in split:
+                causes[c] = causes.get(c, 0) + ns
+            continue
+        ov = (ge if ge < we else we) - (gs if gs > ws else ws)
+        if ov <= 0:
+            continue
+        frac = ov / (ge - gs)
+        idle_ns += ov
+        work_ns += int(waiting * frac)
+        for c, ns in split:
+            causes[c] = causes.get(c, 0) + int(ns * frac)
+    return WindowIdle(idle_ns, work_ns, causes)
+
+
+def _gap_inputs(
+    engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span], step_runs: list[Interval] | None
+) -> tuple[list[Interval], list[Interval], list[tuple[int, int, int]]]:
+    """What the sweeps take besides the steps: segments, merged work, gc/tokenize extras."""
+    segs = segments(engine)
+    work = merge(work_intervals(engine, requests, step_runs))
+    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
+    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
+    return segs, work, extras
+
+
 def iter_gaps(
     engine: EngineView,
     requests: Sequence[RequestView],
@@ -477,17 +521,12 @@ def iter_gaps(
     step_runs: list[Interval] | None = None,
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
-    segs = segments(engine)
-    work = merge(work_intervals(engine, requests, step_runs))
-    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
-    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
+    segs, work, extras = _gap_inputs(engine, requests, tokenize, step_runs)
     if engine.compiled is not None:  # the same sweeps over the engine table's columns
         table, index = engine.compiled
         try:
-            gaps: list[Gap] = table.classify_gaps(
-                index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, Gap, CAUSES
-            )
-            return segs, gaps
+            return segs, table.idle(index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, [], [], Gap,
+                                    CAUSES)[0]
         except OverflowError:  # a request time beyond int64: the Python sweeps below
             pass
     if _native_classify_gaps is not None:
@@ -506,10 +545,21 @@ def iter_gaps(
     return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
 
 
-def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
-    """Measure and classify the idle gaps of one engine."""
-    runs = step_runs_of(engine)  # once: both work measures use it
-    segs, found = iter_gaps(engine, requests, tokenize, runs)
+class GapTotals(NamedTuple):
+    """What :func:`engine_idle` reports from an engine's gaps."""
+
+    by_cause_ns: dict[str, int]
+    with_work_ns: int
+    engine_side_ns: int  # of with_work_ns: the engine itself held work
+    idle_ns: int
+    p50_ns: float
+    p99_ns: float
+    top: tuple[Gap, ...]
+    windows: tuple[WindowIdle, ...]
+
+
+def gap_totals(found: Sequence[Gap], engine_work: Sequence[Interval], windows: Sequence[WindowView]) -> GapTotals:
+    """Totals of the sorted gaps ``found`` (the compiled engine table computes the same)."""
     by_cause = dict.fromkeys(CAUSES, 0)
     with_work = 0
     for g in found:
@@ -519,27 +569,74 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     # Idle with the engine holding work, inside the gaps with work waiting (engine work is a
     # subset of all work: the step evidence is in both, and a request's engine phases lie
     # inside the request); what is left was waiting upstream.
-    engine_work = merge(engine_work_intervals(engine, requests, runs))
     engine_side = _overlap([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns], engine_work)  # sorted
     durations = [g.end_ns - g.start_ns for g in found]
-    idle = sum(durations)
-    covered = sum(b - a for a, b in segs)
     q = pcts(durations, (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
     # The 20 longest, ties by start: one pass with a heap instead of sorting every gap.
     ranked = zip([-d for d in durations], [g.start_ns for g in found], found, strict=True)
     top = tuple(g for _, _, g in heapq.nsmallest(TOP_GAPS, ranked))
+    starts = [g.start_ns for g in found]
+    per_window = tuple(window_idle(found, starts, w.start_ns, w.end_ns) for w in windows)
+    return GapTotals(by_cause, with_work, engine_side, sum(durations), q["p50"], q["p99"], top, per_window)
+
+
+def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
+    """Measure and classify the idle gaps of one engine."""
+    runs = step_runs_of(engine)  # once: both work measures use it
+    engine_work = merge(engine_work_intervals(engine, requests, runs))
+    compiled = _compiled_idle(engine, requests, tokenize, runs, engine_work)
+    if compiled is not None:
+        segs, found, totals = compiled
+    else:
+        segs, found = iter_gaps(engine, requests, tokenize, runs)
+        totals = gap_totals(found, engine_work, engine.windows)
+    covered = sum(b - a for a, b in segs)
     return EngineIdle(
         engine.engine_id,
         covered,
-        covered - idle,
+        covered - totals.idle_ns,
         len(found),
-        by_cause,
-        with_work,
-        max(0, with_work - engine_side),
-        q["p50"],
-        q["p99"],
-        top,
+        totals.by_cause_ns,
+        totals.with_work_ns,
+        max(0, totals.with_work_ns - totals.engine_side_ns),
+        totals.p50_ns,
+        totals.p99_ns,
+        totals.top,
         tuple(segs),
         len(engine.steps),
         tuple(found),
+        totals.windows,
     )
+
+
+def _compiled_idle(
+    engine: EngineView,
+    requests: Sequence[RequestView],
+    tokenize: Sequence[Span],
+    runs: list[Interval],
+    engine_work: list[Interval],
+) -> tuple[list[Interval], list[Gap], GapTotals] | None:
+    """:func:`iter_gaps` and :func:`gap_totals` in one call to the engine table, or ``None``
+    when the engine is not compiled (or a request time is beyond int64)."""
+    if engine.compiled is None:
+        return None
+    table, index = engine.compiled
+    segs, work, extras = _gap_inputs(engine, requests, tokenize, runs)
+    windows = [(w.start_ns, w.end_ns) for w in engine.windows]
+    try:
+        found, per_cause, with_work, side, idle, p50, p99, top, per_window = table.idle(
+            index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, Gap, CAUSES
+        )
+    except OverflowError:
+        return None
+    totals = GapTotals(
+        dict(zip(CAUSES, per_cause, strict=True)),
+        with_work,
+        side,
+        idle,
+        p50,
+        p99,
+        tuple(found[k] for k in top),
+        tuple(WindowIdle(i, w, {CAUSES[c]: ns for c, ns in causes}) for i, w, causes in per_window),
+    )
+    return segs, found, totals

@@ -193,7 +193,14 @@ class RequestView:
         return self.server if self.server is not None else self.request
 
     def num(self, key: str) -> float | None:
-        return finite_number(self.request.attributes.get(key))
+        value = self.request.attributes.get(key)
+        if value is None:
+            return None
+        # finite_number's answer, inlined for the plain int/float every parsed span carries
+        # (read ~13 times per request by the analyzers).
+        if (value.__class__ is float or value.__class__ is int) and -FINITE_LIMIT < value < FINITE_LIMIT:
+            return float(value)
+        return finite_number(value)
 
     @property
     def request_id(self) -> str:

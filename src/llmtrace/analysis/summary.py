@@ -214,30 +214,9 @@ def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdl
     out = []
     for e, ei in zip(engines.values(), idle, strict=True):
         starts = _step_starts(e)
-        gap_starts = [g.start_ns for g in ei.gaps]
-        for w in e.windows:
+        for w, wi in zip(e.windows, ei.windows, strict=True):
             steps = _range_stats(e, bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
-            idle_ns = work_ns = 0
-            causes: dict[str, int] = {}
-            ws, we = w.start_ns, w.end_ns
-            for _, gs, ge, split, waiting in ei.gaps[
-                max(0, bisect_left(gap_starts, ws) - 1) : bisect_right(gap_starts, we)
-            ]:
-                if gs >= ws and ge <= we:  # inside the window: frac = 1 and int(ns * 1.0) == ns
-                    idle_ns += ge - gs
-                    work_ns += waiting
-                    for c, ns in split:
-                        causes[c] = causes.get(c, 0) + ns
-                    continue
-                ov = (ge if ge < we else we) - (gs if gs > ws else ws)
-                if ov <= 0:
-                    continue
-                frac = ov / (ge - gs)
-                idle_ns += ov
-                work_ns += int(waiting * frac)
-                for c, ns in split:
-                    causes[c] = causes.get(c, 0) + int(ns * frac)
-            f = bn.window_features(w, steps, idle_ns, work_ns, causes)
+            f = bn.window_features(w, steps, wi.idle_ns, wi.with_work_ns, wi.causes)
             out.append(WindowVerdict(e.engine_id, w.start_ns, w.end_ns, bn.diagnose(f)))
     return out
 
