@@ -7,6 +7,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 
+use crate::named_tuple;
+
 /// A child clipped to its parent: start, end, the span.
 type Clipped<'py> = (i128, i128, Bound<'py, PyTuple>);
 
@@ -53,15 +55,31 @@ fn clipped<'py>(
 }
 
 /// `critical_path(trace, root, overlap_allowance_ns=...)` given `trace.children` (a dict)
-/// and `Section`'s positional constructor.
+/// and the `Section` named-tuple class.
 #[pyfunction]
 pub fn critical_path<'py>(
     py: Python<'py>,
     children: &Bound<'py, PyAny>,
     root: &Bound<'py, PyAny>,
     overlap_allowance_ns: i64,
-    new_section: &Bound<'py, PyAny>,
+    section_type: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyList>> {
+    if !named_tuple::is_tuple_class(section_type) {
+        return Err(PyTypeError::new_err("Section must be a named tuple class"));
+    }
+    let section = |span: &Bound<'py, PyTuple>, lo: i128, hi: i128, stack: &Bound<'py, PyTuple>| {
+        let fields = [
+            span.clone().into_any(),
+            (lo as i64).into_pyobject(py)?.into_any(),
+            (hi as i64).into_pyobject(py)?.into_any(),
+            stack.clone().into_any(),
+        ];
+        named_tuple::new(
+            py,
+            section_type.as_ptr(),
+            fields.into_iter().map(Bound::into_ptr),
+        )
+    };
     let children = children
         .cast::<PyDict>()
         .map_err(|_| PyTypeError::new_err("children must be a dict"))?;
@@ -93,12 +111,7 @@ pub fn critical_path<'py>(
             Some((cs, ce, child)) => {
                 let cut = ce.min(end);
                 if cut < end {
-                    sections.append(new_section.call1((
-                        &frame.span,
-                        cut as i64,
-                        end as i64,
-                        &frame.stack,
-                    ))?)?;
+                    sections.append(section(&frame.span, cut, end, &frame.stack)?)?;
                 }
                 let mut names: Vec<Bound<'py, PyAny>> = frame.stack.iter().collect();
                 names.push(child.get_item(3)?);
@@ -115,12 +128,7 @@ pub fn critical_path<'py>(
             None => {
                 let lo = frame.lo;
                 if lo < end {
-                    sections.append(new_section.call1((
-                        &frame.span,
-                        lo as i64,
-                        end as i64,
-                        &frame.stack,
-                    ))?)?;
+                    sections.append(section(&frame.span, lo, end, &frame.stack)?)?;
                 }
                 frames.pop();
                 on_path.pop();

@@ -29,15 +29,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import NamedTuple
 
 from llmtrace.analysis._native import native
-from llmtrace.analysis.model import Span, Trace, fast_constructor
+from llmtrace.analysis.model import Span, Trace
 from llmtrace.analysis.stats import pcts
 
 
-@dataclass(frozen=True, slots=True)
-class Section:
-    """``span`` owns the critical path in ``[start_ns, end_ns)``; ``stack`` is the name path."""
+class Section(NamedTuple):
+    """``span`` owns the critical path in ``[start_ns, end_ns)``; ``stack`` is the name path.
+
+    A named tuple (like ``Span``): there are several per request, and the compiled walk
+    allocates them directly."""
 
     span: Span
     start_ns: int
@@ -49,7 +52,6 @@ class Section:
         return self.end_ns - self.start_ns
 
 
-_new_section = fast_constructor(Section)
 _compiled = native.critical_path if native is not None else None
 _END_THEN_START = itemgetter(1, 0)
 
@@ -68,7 +70,7 @@ def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) ->
     """Sections of the critical path of ``root``'s subtree, latest first; they tile ``root``."""
     if _compiled is not None and type(trace.children) is dict:
         try:  # the same walk compiled (native/src/critical_path.rs)
-            sections: list[Section] = _compiled(trace.children, root, overlap_allowance_ns, _new_section)
+            sections: list[Section] = _compiled(trace.children, root, overlap_allowance_ns, Section)
             return sections
         except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
             pass
@@ -104,13 +106,13 @@ def _critical_path(trace: Trace, root: Span, overlap_allowance_ns: int) -> list[
             cs, ce, child = chosen
             cut = min(ce, end)
             if cut < end:
-                sections.append(_new_section(span, cut, end, stack))
+                sections.append(Section(span, cut, end, stack))
             frames.append((child, cs, _clipped_children(trace, child, cs, cut), [0], (*stack, child.name)))
             on_path.add(child.span_id)
             returning = cut
         else:
             if lo < end:
-                sections.append(_new_section(span, lo, end, stack))
+                sections.append(Section(span, lo, end, stack))
             frames.pop()
             on_path.discard(span.span_id)
             returning = lo
@@ -133,7 +135,8 @@ class SegmentStats:
 def exclusive_by_name(sections: Iterable[Section]) -> dict[str, int]:
     out: dict[str, int] = {}
     for s in sections:
-        out[s.span.name] = out.get(s.span.name, 0) + s.duration_ns
+        name = s.span.name
+        out[name] = out.get(name, 0) + s.end_ns - s.start_ns
     return out
 
 
@@ -155,7 +158,8 @@ def aggregate(
         for name, ns in exclusive_by_name(sections).items():
             totals.setdefault(name, []).append(ns)
         for s in sections:
-            folded[s.stack] = folded.get(s.stack, 0) + s.duration_ns
+            stack = s.stack
+            folded[stack] = folded.get(stack, 0) + s.end_ns - s.start_ns
     stats = []
     for name, values in totals.items():
         total = sum(values)

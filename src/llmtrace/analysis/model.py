@@ -243,7 +243,7 @@ class RequestView:
 
     def phase_s(self, name: str) -> float:
         """Total seconds in the phase ``name`` (summed: ``llm.queue`` recurs after preemption)."""
-        return sum(s.duration_ns for s in self.phases.get(name, ())) / 1e9
+        return sum([s.end_ns - s.start_ns for s in self.phases.get(name, ())]) / 1e9
 
 
 @dataclass(frozen=True, slots=True)

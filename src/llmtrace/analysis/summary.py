@@ -12,7 +12,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, sub
+from operator import attrgetter, itemgetter, sub
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
@@ -107,10 +107,8 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     cp_stats, folded = aggregate(paths)
     dominant: dict[tuple[str, str], tuple[str, float]] = {}
     for r, (_, sections) in zip(reqs, paths, strict=True):
-        _dominant(dominant, (r.request.span_id, "e2e_s"), sections, None)
         ttft = r.ttft_s
-        if ttft is not None:
-            _dominant(dominant, (r.request.span_id, "ttft_s"), sections, r.request.start_ns + int(ttft * 1e9))
+        _dominant(dominant, r.request.span_id, sections, None if ttft is None else r.request.start_ns + int(ttft * 1e9))
     per_phase = [request_phases(r) for r in reqs]
     e2e = [r.e2e_s for r in reqs]
     phases = phase_breakdown(per_phase, e2e)
@@ -153,19 +151,29 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
 
 def _dominant(
     out: dict[tuple[str, str], tuple[str, float]],
-    key: tuple[str, str],
+    span_id: str,
     sections: Sequence[Any],
-    until_ns: int | None,
+    ttft_ns: int | None,
 ) -> None:
-    """The span name owning most of the critical path (before ``until_ns`` when given)."""
-    excl: dict[str, int] = {}
+    """The span name owning most of the critical path (``(span_id, "e2e_s")``) and, with
+    ``ttft_ns``, of its part before the first token (``(span_id, "ttft_s")``): one pass."""
+    whole: dict[str, int] = {}
+    first: dict[str, int] = {}
     for s in sections:
-        end = s.end_ns if until_ns is None else min(s.end_ns, until_ns)
-        if end > s.start_ns:
-            excl[s.span.name] = excl.get(s.span.name, 0) + end - s.start_ns
-    if excl:
-        name, ns = max(excl.items(), key=lambda kv: kv[1])
-        out[key] = (name, ns / 1e9)
+        start, end, name = s.start_ns, s.end_ns, s.span.name
+        if end > start:
+            whole[name] = whole.get(name, 0) + end - start
+        if ttft_ns is not None:
+            cut = end if end < ttft_ns else ttft_ns
+            if cut > start:
+                first[name] = first.get(name, 0) + cut - start
+    for metric, excl in (("e2e_s", whole), ("ttft_s", first)):
+        if excl:  # max keeps the first of equal totals, in first-seen order
+            name, ns = max(excl.items(), key=_NS)
+            out[(span_id, metric)] = (name, ns / 1e9)
+
+
+_NS = itemgetter(1)
 
 
 def _request_stats(
