@@ -236,6 +236,8 @@ pub struct EngineTable {
     decoder: Py<Decoder>,
     text_cache: Vec<Option<Py<PyAny>>>,
     built: Option<Built>,
+    /// Each engine's gaps from its last [`EngineTable::idle`], for [`EngineTable::gaps`].
+    gaps: Vec<Vec<gpu_idle::GapRec>>,
 }
 
 impl EngineTable {
@@ -513,6 +515,7 @@ impl EngineTable {
             decoder,
             text_cache: Vec::new(),
             built: None,
+            gaps: Vec::new(),
         }
     }
 
@@ -782,6 +785,7 @@ impl EngineTable {
             out.push((e.id.clone(), wins, e.gc.clone(), e.steps.len()));
         }
         let trace_count = built.traces.len();
+        self.gaps = vec![Vec::new(); built.engines.len()];
         self.built = Some(built);
         let mut engines_py = Vec::with_capacity(out.len());
         for (id, wins, gc, n) in out {
@@ -940,24 +944,23 @@ impl EngineTable {
     /// of `iter_gaps` (`host_cause[name code - 2]` is the cause index of `llm.schedule`,
     /// `llm.forward` (unused), `llm.sample`, `llm.postprocess`), then what `gap_totals` and
     /// `window_idle` compute from the gaps. `work` and `engine_work` are merged. Returns
-    /// `(gaps, per-cause ns, with_work, engine_side, idle, p50, p99, top gap indexes,
-    /// [(idle, with_work, [(cause index, ns)]) per window])`.
+    /// `(gap count, per-cause ns, with_work, engine_side, idle, p50, p99, top gap indexes,
+    /// the timeline's gap index (most work waiting, then longest; -1 when none),
+    /// [(idle, with_work, [(cause index, ns)]) per window])`; the gaps themselves are kept
+    /// for [`EngineTable::gaps`].
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn idle<'py>(
-        &self,
-        py: Python<'py>,
+        &mut self,
         e: usize,
-        engine_id: Bound<'py, PyAny>,
         segs: Vec<Interval>,
         host_cause: [u8; 4],
         extras: Vec<(i64, i64, u8)>,
         work: Vec<Interval>,
         engine_work: Vec<Interval>,
         windows: Vec<Interval>,
-        gap_type: &Bound<'py, PyAny>,
         causes: &Bound<'py, PyTuple>,
     ) -> PyResult<(
-        Bound<'py, PyList>,
+        usize,
         Vec<i64>,
         i64,
         i64,
@@ -965,6 +968,7 @@ impl EngineTable {
         f64,
         f64,
         Vec<usize>,
+        i64,
         Vec<WindowIdle>,
     )> {
         let cols = self.engine(e)?;
@@ -983,7 +987,6 @@ impl EngineTable {
         }
         let ncauses = causes.len();
         let recs = gpu_idle::classify_raw(&segs, fw, hosts, extras, &work, ncauses)?;
-        let gaps = gpu_idle::gaps_to_py(py, &engine_id, &recs, gap_type, causes)?;
         let mut by_cause = vec![0i64; ncauses];
         let mut with_work = 0i64;
         for g in &recs {
@@ -1018,8 +1021,20 @@ impl EngineTable {
             .iter()
             .map(|&w| window_idle(&recs, w, ncauses))
             .collect();
+        // `summary._timeline`'s pick: the first gap with the most work waiting, then longest.
+        let mut worst: i64 = -1;
+        let mut best = (i64::MIN, i64::MIN);
+        for (k, g) in recs.iter().enumerate() {
+            let key = (g.waiting, g.end - g.start);
+            if key > best {
+                best = key;
+                worst = k as i64;
+            }
+        }
+        let n = recs.len();
+        self.gaps[e] = recs;
         Ok((
-            gaps,
+            n,
             by_cause,
             with_work,
             engine_side,
@@ -1027,8 +1042,29 @@ impl EngineTable {
             p50,
             p99,
             top,
+            worst,
             per_window,
         ))
+    }
+
+    /// Gaps `lo..hi` of engine `e` from its last [`EngineTable::idle`] as `gap_type` tuples.
+    #[allow(clippy::too_many_arguments)]
+    fn gaps<'py>(
+        &self,
+        py: Python<'py>,
+        e: usize,
+        lo: usize,
+        hi: usize,
+        engine_id: Bound<'py, PyAny>,
+        gap_type: &Bound<'py, PyAny>,
+        causes: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let recs = self
+            .gaps
+            .get(e)
+            .ok_or_else(|| PyIndexError::new_err("no such engine"))?;
+        let hi = hi.min(recs.len());
+        gpu_idle::gaps_to_py(py, &engine_id, &recs[lo.min(hi)..hi], gap_type, causes)
     }
 
     /// `bottleneck.step_stats` of steps `lo..hi` of engine `e`, or of every engine's steps

@@ -20,13 +20,14 @@ type the table does not format, an engine with steps on both sides.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, overload
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar, overload
 
 from llmtrace.analysis.model import Span, StepView, Trace, WindowView, fast_constructor
 
 _new_step = fast_constructor(StepView)
-_CHUNK = 4096  # steps made into objects at a time while iterating
+_CHUNK = 4096  # rows made into objects at a time while iterating
+_T = TypeVar("_T")
 
 
 class EngineTable:
@@ -79,36 +80,37 @@ class CompiledEngine(NamedTuple):
     engine: int  # the engine's index in the table
 
 
-class CompiledSteps(Sequence[StepView]):
-    """An engine's steps, made into :class:`StepView` objects only when read."""
+class CompiledRows(Sequence[_T]):
+    """Rows the engine table holds, made into Python objects only when read: ``fetch(lo,
+    hi)`` makes rows ``lo..hi`` (an engine's steps, its idle gaps)."""
 
-    __slots__ = ("_engine", "_len")
+    __slots__ = ("_fetch", "_len")
 
-    def __init__(self, engine: CompiledEngine, length: int) -> None:
-        self._engine = engine
+    def __init__(self, fetch: Callable[[int, int], tuple[_T, ...]], length: int) -> None:
+        self._fetch = fetch
         self._len = length
 
     def __len__(self) -> int:
         return self._len
 
     @overload
-    def __getitem__(self, i: int) -> StepView: ...
+    def __getitem__(self, i: int) -> _T: ...
     @overload
-    def __getitem__(self, i: slice) -> tuple[StepView, ...]: ...
-    def __getitem__(self, i: int | slice) -> StepView | tuple[StepView, ...]:
+    def __getitem__(self, i: slice) -> tuple[_T, ...]: ...
+    def __getitem__(self, i: int | slice) -> _T | tuple[_T, ...]:
         if isinstance(i, slice):
             lo, hi, stride = i.indices(self._len)
             if stride == 1:
-                return self._rows(lo, hi)
+                return self._fetch(lo, hi)
             return tuple(self[k] for k in range(lo, hi, stride))
         k = i + self._len if i < 0 else i
         if not 0 <= k < self._len:
-            raise IndexError("step index out of range")
-        return self._rows(k, k + 1)[0]
+            raise IndexError("index out of range")
+        return self._fetch(k, k + 1)[0]
 
-    def __iter__(self) -> Iterator[StepView]:
+    def __iter__(self) -> Iterator[_T]:
         for lo in range(0, self._len, _CHUNK):
-            yield from self._rows(lo, lo + _CHUNK)
+            yield from self._fetch(lo, lo + _CHUNK)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence):
@@ -118,11 +120,17 @@ class CompiledSteps(Sequence[StepView]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"CompiledSteps({self._len} steps)"
+        return f"CompiledRows({self._len} rows)"
 
-    def _rows(self, lo: int, hi: int) -> tuple[StepView, ...]:
-        table, engine = self._engine
-        return tuple(_new_step(*row) for row in table.steps(engine, lo, hi))
+
+def compiled_steps(engine: CompiledEngine, length: int) -> CompiledRows[StepView]:
+    """An engine's steps as :class:`StepView` objects made on demand."""
+    table, index = engine
+
+    def fetch(lo: int, hi: int) -> tuple[StepView, ...]:
+        return tuple(_new_step(*row) for row in table.steps(index, lo, hi))
+
+    return CompiledRows(fetch, length)
 
 
 class CompiledTraces(Sequence[Trace]):
@@ -172,7 +180,7 @@ class CompiledPart(NamedTuple):
     traces: int
     duplicates: int
     orphans: int
-    engines: dict[str, tuple[tuple[WindowView, ...], CompiledSteps, tuple[Span, ...], CompiledEngine]]
+    engines: dict[str, tuple[tuple[WindowView, ...], CompiledRows[StepView], tuple[Span, ...], CompiledEngine]]
 
 
 def build_part(table: EngineTable, python_trace_ids: Iterable[str]) -> CompiledPart | None:
@@ -191,5 +199,5 @@ def build_part(table: EngineTable, python_trace_ids: Iterable[str]) -> CompiledP
     for index, (eid, windows, gc, n) in enumerate(engines):
         handle = CompiledEngine(native, index)
         views = tuple(WindowView(eid, *w) for w in windows)
-        out[eid] = (views, CompiledSteps(handle, n), gc, handle)
+        out[eid] = (views, compiled_steps(handle, n), gc, handle)
     return CompiledPart(spans, traces, dupes, orphans, out)

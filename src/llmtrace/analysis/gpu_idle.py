@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis._native import native
+from llmtrace.analysis.engine_table import CompiledRows
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
 from llmtrace.analysis.stats import pcts
@@ -98,8 +99,9 @@ class EngineIdle:
     top_gaps: tuple[Gap, ...]
     segments: tuple[Interval, ...]
     steps: int
-    gaps: tuple[Gap, ...]  # every gap, by start time (per-window diagnosis, the timeline)
+    gaps: Sequence[Gap]  # every gap, by start time (made on demand for a compiled engine)
     windows: tuple[WindowIdle, ...] = ()  # of each of the engine's windows, in their order
+    worst: Gap | None = None  # the first gap with the most work waiting, then the longest
 
     @property
     def idle_ns(self) -> int:
@@ -525,8 +527,8 @@ def iter_gaps(
     if engine.compiled is not None:  # the same sweeps over the engine table's columns
         table, index = engine.compiled
         try:
-            return segs, table.idle(index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, [], [], Gap,
-                                    CAUSES)[0]
+            n = table.idle(index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], CAUSES)[0]
+            return segs, table.gaps(index, 0, n, engine.engine_id, Gap, CAUSES)
         except OverflowError:  # a request time beyond int64: the Python sweeps below
             pass
     if _native_classify_gaps is not None:
@@ -555,6 +557,7 @@ class GapTotals(NamedTuple):
     p50_ns: float
     p99_ns: float
     top: tuple[Gap, ...]
+    worst: Gap | None  # the timeline's gap: the first with the most work waiting, then longest
     windows: tuple[WindowIdle, ...]
 
 
@@ -575,20 +578,24 @@ def gap_totals(found: Sequence[Gap], engine_work: Sequence[Interval], windows: S
     # The 20 longest, ties by start: one pass with a heap instead of sorting every gap.
     ranked = zip([-d for d in durations], [g.start_ns for g in found], found, strict=True)
     top = tuple(g for _, _, g in heapq.nsmallest(TOP_GAPS, ranked))
+    keys = list(zip([g.work_waiting_ns for g in found], durations, strict=True))
+    worst = found[keys.index(max(keys))] if keys else None
     starts = [g.start_ns for g in found]
     per_window = tuple(window_idle(found, starts, w.start_ns, w.end_ns) for w in windows)
-    return GapTotals(by_cause, with_work, engine_side, sum(durations), q["p50"], q["p99"], top, per_window)
+    return GapTotals(by_cause, with_work, engine_side, sum(durations), q["p50"], q["p99"], top, worst, per_window)
 
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
     """Measure and classify the idle gaps of one engine."""
     runs = step_runs_of(engine)  # once: both work measures use it
     engine_work = merge(engine_work_intervals(engine, requests, runs))
+    found: Sequence[Gap]
     compiled = _compiled_idle(engine, requests, tokenize, runs, engine_work)
     if compiled is not None:
         segs, found, totals = compiled
     else:
-        segs, found = iter_gaps(engine, requests, tokenize, runs)
+        segs, gaps = iter_gaps(engine, requests, tokenize, runs)
+        found = tuple(gaps)
         totals = gap_totals(found, engine_work, engine.windows)
     covered = sum(b - a for a, b in segs)
     return EngineIdle(
@@ -604,8 +611,9 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
         totals.top,
         tuple(segs),
         len(engine.steps),
-        tuple(found),
+        found,
         totals.windows,
+        totals.worst,
     )
 
 
@@ -615,20 +623,27 @@ def _compiled_idle(
     tokenize: Sequence[Span],
     runs: list[Interval],
     engine_work: list[Interval],
-) -> tuple[list[Interval], list[Gap], GapTotals] | None:
+) -> tuple[list[Interval], Sequence[Gap], GapTotals] | None:
     """:func:`iter_gaps` and :func:`gap_totals` in one call to the engine table, or ``None``
-    when the engine is not compiled (or a request time is beyond int64)."""
+    when the engine is not compiled (or a request time is beyond int64). The gaps stay in
+    the table, made into :class:`Gap` tuples when read (the reports read a few)."""
     if engine.compiled is None:
         return None
     table, index = engine.compiled
     segs, work, extras = _gap_inputs(engine, requests, tokenize, runs)
     windows = [(w.start_ns, w.end_ns) for w in engine.windows]
     try:
-        found, per_cause, with_work, side, idle, p50, p99, top, per_window = table.idle(
-            index, engine.engine_id, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, Gap, CAUSES
+        n, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = table.idle(
+            index, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, CAUSES
         )
     except OverflowError:
         return None
+    engine_id = engine.engine_id
+
+    def fetch(lo: int, hi: int) -> tuple[Gap, ...]:
+        return tuple(table.gaps(index, lo, hi, engine_id, Gap, CAUSES))
+
+    found: CompiledRows[Gap] = CompiledRows(fetch, n)
     totals = GapTotals(
         dict(zip(CAUSES, per_cause, strict=True)),
         with_work,
@@ -637,6 +652,7 @@ def _compiled_idle(
         p50,
         p99,
         tuple(found[k] for k in top),
+        found[worst] if worst >= 0 else None,
         tuple(WindowIdle(i, w, {CAUSES[c]: ns for c, ns in causes}) for i, w, causes in per_window),
     )
     return segs, found, totals

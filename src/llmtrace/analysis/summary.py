@@ -12,7 +12,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter, sub
+from operator import attrgetter, itemgetter
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
@@ -26,7 +26,6 @@ from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSe
 from llmtrace.analysis.stats import pcts
 
 _T = TypeVar("_T")
-_WORK_WAITING = attrgetter("work_waiting_ns")
 _START = attrgetter("start_ns")
 _END = attrgetter("end_ns")
 SCHEMA = "llmtrace.analysis"
@@ -236,10 +235,7 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
     e, ei = max(zip(engines.values(), idle, strict=True), key=lambda p: len(p[0].steps))
     if not e.steps:
         return {}
-    # The first gap with the most work waiting, then the longest (keys built in C: one per gap).
-    gaps = ei.gaps
-    keys = list(zip(map(_WORK_WAITING, gaps), map(sub, map(_END, gaps), map(_START, gaps)), strict=True))
-    worst = gaps[keys.index(max(keys))] if keys else None
+    worst = ei.worst  # the first gap with the most work waiting, then the longest
     starts = _step_starts(e)
     center = bisect_left(starts, worst.start_ns) if worst else 0
     lo = max(0, center - TIMELINE_STEPS // 2)
@@ -259,8 +255,7 @@ def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> 
         "gc": [[rel(g.start_ns), rel(g.end_ns)] for g in e.gc if t0 <= g.start_ns <= t1],
         "gaps": [
             [rel(max(g.start_ns, t0)), rel(min(g.end_ns, t1)), g.main_cause, g.work_waiting_ns > 0]
-            for g in ei.gaps
-            if g.end_ns > t0 and g.start_ns < t1
+            for g in ei.gaps[bisect_right(ei.gaps, t0, key=_END) : bisect_left(ei.gaps, t1, key=_START)]
         ],
     }
 
