@@ -850,6 +850,7 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ABI_VERSION", 3)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
+    m.add_class::<table::GapSet>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     Ok(())

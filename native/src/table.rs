@@ -236,8 +236,6 @@ pub struct EngineTable {
     decoder: Py<Decoder>,
     text_cache: Vec<Option<Py<PyAny>>>,
     built: Option<Built>,
-    /// Each engine's gaps from its last [`EngineTable::idle`], for [`EngineTable::gaps`].
-    gaps: Vec<Vec<gpu_idle::GapRec>>,
 }
 
 impl EngineTable {
@@ -438,6 +436,33 @@ fn continued(a: &Option<Vec<Key>>, b: &Option<Vec<Key>>) -> bool {
     b.iter().any(|k| set.contains(k)) || (a.len() >= 64 && b.len() >= 64)
 }
 
+/// One engine's classified gaps, kept in Rust; made into `Gap` tuples when read.
+#[pyclass(module = "llmtrace_native", frozen)]
+pub struct GapSet {
+    recs: Vec<gpu_idle::GapRec>,
+}
+
+#[pymethods]
+impl GapSet {
+    fn __len__(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// Gaps `lo..hi` as `gap_type` tuples `(engine_id, start, end, causes, waiting)`.
+    fn rows<'py>(
+        &self,
+        py: Python<'py>,
+        lo: usize,
+        hi: usize,
+        engine_id: Bound<'py, PyAny>,
+        gap_type: &Bound<'py, PyAny>,
+        causes: &Bound<'py, PyTuple>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let hi = hi.min(self.recs.len());
+        gpu_idle::gaps_to_py(py, &engine_id, &self.recs[lo.min(hi)..hi], gap_type, causes)
+    }
+}
+
 /// `gpu_idle.TOP_GAPS`.
 const TOP_GAPS: usize = 20;
 
@@ -515,7 +540,6 @@ impl EngineTable {
             decoder,
             text_cache: Vec::new(),
             built: None,
-            gaps: Vec::new(),
         }
     }
 
@@ -785,7 +809,6 @@ impl EngineTable {
             out.push((e.id.clone(), wins, e.gc.clone(), e.steps.len()));
         }
         let trace_count = built.traces.len();
-        self.gaps = vec![Vec::new(); built.engines.len()];
         self.built = Some(built);
         let mut engines_py = Vec::with_capacity(out.len());
         for (id, wins, gc, n) in out {
@@ -944,13 +967,12 @@ impl EngineTable {
     /// of `iter_gaps` (`host_cause[name code - 2]` is the cause index of `llm.schedule`,
     /// `llm.forward` (unused), `llm.sample`, `llm.postprocess`), then what `gap_totals` and
     /// `window_idle` compute from the gaps. `work` and `engine_work` are merged. Returns
-    /// `(gap count, per-cause ns, with_work, engine_side, idle, p50, p99, top gap indexes,
-    /// the timeline's gap index (most work waiting, then longest; -1 when none),
-    /// [(idle, with_work, [(cause index, ns)]) per window])`; the gaps themselves are kept
-    /// for [`EngineTable::gaps`].
+    /// `(gaps, per-cause ns, with_work, engine_side, idle, p50, p99, top gap indexes, the
+    /// timeline's gap index (most work waiting, then longest; -1 when none), [(idle,
+    /// with_work, [(cause index, ns)]) per window])`, the gaps as a [`GapSet`].
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     fn idle<'py>(
-        &mut self,
+        &self,
         e: usize,
         segs: Vec<Interval>,
         host_cause: [u8; 4],
@@ -960,7 +982,7 @@ impl EngineTable {
         windows: Vec<Interval>,
         causes: &Bound<'py, PyTuple>,
     ) -> PyResult<(
-        usize,
+        GapSet,
         Vec<i64>,
         i64,
         i64,
@@ -1031,10 +1053,8 @@ impl EngineTable {
                 worst = k as i64;
             }
         }
-        let n = recs.len();
-        self.gaps[e] = recs;
         Ok((
-            n,
+            GapSet { recs },
             by_cause,
             with_work,
             engine_side,
@@ -1045,26 +1065,6 @@ impl EngineTable {
             worst,
             per_window,
         ))
-    }
-
-    /// Gaps `lo..hi` of engine `e` from its last [`EngineTable::idle`] as `gap_type` tuples.
-    #[allow(clippy::too_many_arguments)]
-    fn gaps<'py>(
-        &self,
-        py: Python<'py>,
-        e: usize,
-        lo: usize,
-        hi: usize,
-        engine_id: Bound<'py, PyAny>,
-        gap_type: &Bound<'py, PyAny>,
-        causes: &Bound<'py, PyTuple>,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let recs = self
-            .gaps
-            .get(e)
-            .ok_or_else(|| PyIndexError::new_err("no such engine"))?;
-        let hi = hi.min(recs.len());
-        gpu_idle::gaps_to_py(py, &engine_id, &recs[lo.min(hi)..hi], gap_type, causes)
     }
 
     /// `bottleneck.step_stats` of steps `lo..hi` of engine `e`, or of every engine's steps

@@ -307,3 +307,20 @@ def test_a_declined_line_leaves_the_table_as_it_was(tmp_path: Path) -> None:
     compiled, plain = read_both(path)
     assert compiled.span_count == plain.span_count == len(spans)
     assert_same(compiled, plain)
+
+
+def test_an_engine_idle_result_keeps_its_own_gaps(tmp_path: Path) -> None:
+    """The gaps of a compiled engine stay in Rust, owned by the result: measuring the same
+    engine again with other inputs must not change what an earlier result reads."""
+    from llmtrace.analysis import gpu_idle
+
+    path = tmp_path / "sim.jsonl"
+    write_jsonl(str(path), SimConfig(duration_s=3, arrival_rate=30, seed=8))
+    compiled, _ = read_both(path)
+    engine = next(iter(compiled.engines.values()))
+    first = gpu_idle.engine_idle(engine, compiled.requests, compiled.tokenize)
+    before = tuple(first.gaps)
+    second = gpu_idle.engine_idle(engine, (), ())  # no requests, no tokenize spans
+    gpu_idle.iter_gaps(engine, (), ())
+    assert tuple(second.gaps) != before  # other work waiting: other gaps
+    assert tuple(first.gaps) == before

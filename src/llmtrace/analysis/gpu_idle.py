@@ -527,8 +527,8 @@ def iter_gaps(
     if engine.compiled is not None:  # the same sweeps over the engine table's columns
         table, index = engine.compiled
         try:
-            n = table.idle(index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], CAUSES)[0]
-            return segs, table.gaps(index, 0, n, engine.engine_id, Gap, CAUSES)
+            gap_set = table.idle(index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], CAUSES)[0]
+            return segs, gap_set.rows(0, len(gap_set), engine.engine_id, Gap, CAUSES)
         except OverflowError:  # a request time beyond int64: the Python sweeps below
             pass
     if _native_classify_gaps is not None:
@@ -626,14 +626,15 @@ def _compiled_idle(
 ) -> tuple[list[Interval], Sequence[Gap], GapTotals] | None:
     """:func:`iter_gaps` and :func:`gap_totals` in one call to the engine table, or ``None``
     when the engine is not compiled (or a request time is beyond int64). The gaps stay in
-    the table, made into :class:`Gap` tuples when read (the reports read a few)."""
+    Rust (a ``GapSet`` this result alone holds), made into :class:`Gap` tuples when read
+    (the reports read a few dozen)."""
     if engine.compiled is None:
         return None
     table, index = engine.compiled
     segs, work, extras = _gap_inputs(engine, requests, tokenize, runs)
     windows = [(w.start_ns, w.end_ns) for w in engine.windows]
     try:
-        n, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = table.idle(
+        gap_set, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = table.idle(
             index, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, CAUSES
         )
     except OverflowError:
@@ -641,9 +642,9 @@ def _compiled_idle(
     engine_id = engine.engine_id
 
     def fetch(lo: int, hi: int) -> tuple[Gap, ...]:
-        return tuple(table.gaps(index, lo, hi, engine_id, Gap, CAUSES))
+        return tuple(gap_set.rows(lo, hi, engine_id, Gap, CAUSES))
 
-    found: CompiledRows[Gap] = CompiledRows(fetch, n)
+    found: CompiledRows[Gap] = CompiledRows(fetch, len(gap_set))
     totals = GapTotals(
         dict(zip(CAUSES, per_cause, strict=True)),
         with_work,
