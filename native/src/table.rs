@@ -1067,30 +1067,28 @@ impl EngineTable {
         ))
     }
 
-    /// `bottleneck.step_stats` of steps `lo..hi` of engine `e`, or of every engine's steps
-    /// one after another when `e` is `None`: `(count, batch sum, waiting sum, preempted
-    /// sum, distinct linked span ids, kv-usage p90, queue growth)`.
-    #[pyo3(signature = (e, lo=0, hi=usize::MAX))]
+    /// `bottleneck.step_stats` of the steps of `engines`, one engine after another (of
+    /// steps `lo..hi` when there is one engine): `(count, batch sum, waiting sum,
+    /// preempted sum, distinct linked span ids, kv-usage p90, queue growth)`.
+    #[pyo3(signature = (engines, lo=0, hi=usize::MAX))]
     #[allow(clippy::type_complexity)]
     fn step_stats(
         &self,
-        e: Option<usize>,
+        engines: Vec<usize>,
         lo: usize,
         hi: usize,
     ) -> PyResult<(usize, f64, f64, f64, usize, f64, f64)> {
-        let built = self.built()?;
-        let picked: Vec<(&EngineCols, usize, usize)> = match e {
-            Some(e) => {
-                let c = self.engine(e)?;
-                let hi = hi.min(c.steps.len());
-                vec![(c, lo.min(hi), hi)]
-            }
-            None => built
-                .engines
-                .iter()
-                .map(|c| (c, 0, c.steps.len()))
-                .collect(),
-        };
+        let mut picked: Vec<(&EngineCols, usize, usize)> = Vec::with_capacity(engines.len());
+        for &e in &engines {
+            let c = self.engine(e)?;
+            let n = c.steps.len();
+            picked.push(if engines.len() == 1 {
+                let hi = hi.min(n);
+                (c, lo.min(hi), hi)
+            } else {
+                (c, 0, n)
+            });
+        }
         let rows = || {
             picked
                 .iter()

@@ -324,3 +324,24 @@ def test_an_engine_idle_result_keeps_its_own_gaps(tmp_path: Path) -> None:
     gpu_idle.iter_gaps(engine, (), ())
     assert tuple(second.gaps) != before  # other work waiting: other gaps
     assert tuple(first.gaps) == before
+
+
+def test_a_trace_set_of_some_compiled_engines_counts_only_their_steps(tmp_path: Path) -> None:
+    """The overall verdict's step statistics cover the trace set's engines, not every
+    engine of the table behind them (a caller may narrow ``engines``)."""
+    import dataclasses
+
+    from llmtrace.analysis import bottleneck, summary
+
+    spans = engine_window("dp0", [(0, 1, 2, 3), (3, 4, 5, 6)], step_attrs={sc.LLM_QUEUE_WAITING: 3})
+    spans += engine_window("dp1", [(0, 1, 2, 3)], step_attrs={sc.LLM_QUEUE_WAITING: 9})
+    path = tmp_path / "x.jsonl"
+    write_spans(path, spans)
+    compiled, plain = read_both(path)
+    assert _compiled(compiled)
+    one = dataclasses.replace(compiled, engines={"dp1": compiled.engines["dp1"]})
+    one_plain = dataclasses.replace(plain, engines={"dp1": plain.engines["dp1"]})
+    stats = summary._all_step_stats(one.engines)
+    assert stats == bottleneck.step_stats(plain.engines["dp1"].steps)
+    assert (stats.steps, stats.waiting_sum) == (1, 9.0)
+    assert to_json(analyze(one)) == to_json(analyze(one_plain))

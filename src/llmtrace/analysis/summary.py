@@ -197,8 +197,8 @@ def _request_stats(
 def _all_step_stats(engines: Mapping[str, EngineView]) -> bn.StepStats:
     """Step statistics of every engine's steps, one engine after another."""
     compiled = [e.compiled for e in engines.values() if e.compiled is not None]
-    if compiled and len(compiled) == len(engines):  # one table holds them all, in this order
-        return bn.StepStats(*compiled[0].table.step_stats(None))
+    if compiled and len(compiled) == len(engines) and all(c.table is compiled[0].table for c in compiled):
+        return bn.StepStats(*compiled[0].table.step_stats([c.engine for c in compiled]))
     return bn.step_stats([s for e in engines.values() for s in e.steps])
 
 
@@ -213,7 +213,7 @@ def _step_starts(e: EngineView) -> list[int]:
 def _range_stats(e: EngineView, lo: int, hi: int) -> bn.StepStats:
     if e.compiled is not None:
         table, index = e.compiled
-        return bn.StepStats(*table.step_stats(index, lo, hi))
+        return bn.StepStats(*table.step_stats([index], lo, hi))
     return bn.step_stats(e.steps[lo:hi])
 
 
