@@ -67,25 +67,46 @@ pub fn critical_path<'py>(
     if !named_tuple::is_tuple_class(section_type) {
         return Err(PyTypeError::new_err("Section must be a named tuple class"));
     }
-    let section = |span: &Bound<'py, PyTuple>, lo: i128, hi: i128, stack: &Bound<'py, PyTuple>| {
-        let fields = [
-            span.clone().into_any(),
-            (lo as i64).into_pyobject(py)?.into_any(),
-            (hi as i64).into_pyobject(py)?.into_any(),
-            stack.clone().into_any(),
-        ];
-        named_tuple::new(
-            py,
-            section_type.as_ptr(),
-            fields.into_iter().map(Bound::into_ptr),
-        )
-    };
-    let children = children
-        .cast::<PyDict>()
-        .map_err(|_| PyTypeError::new_err("children must be a dict"))?;
-    let root = root.cast::<PyTuple>()?.clone();
-    let allowance = i128::from(overlap_allowance_ns);
+    let children = as_children(children)?;
     let sections = PyList::empty(py);
+    walk(
+        py,
+        children,
+        root.cast::<PyTuple>()?,
+        i128::from(overlap_allowance_ns),
+        |span, lo, hi, stack| {
+            let fields = [
+                span.clone().into_any(),
+                (lo as i64).into_pyobject(py)?.into_any(),
+                (hi as i64).into_pyobject(py)?.into_any(),
+                stack.clone().into_any(),
+            ];
+            let section = named_tuple::new(
+                py,
+                section_type.as_ptr(),
+                fields.into_iter().map(Bound::into_ptr),
+            )?;
+            sections.append(section)
+        },
+    )?;
+    Ok(sections)
+}
+
+fn as_children<'a, 'py>(children: &'a Bound<'py, PyAny>) -> PyResult<&'a Bound<'py, PyDict>> {
+    children
+        .cast::<PyDict>()
+        .map_err(|_| PyTypeError::new_err("children must be a dict"))
+}
+
+/// The walk: `emit(span, start, end, name path)` for each section, latest first.
+fn walk<'py>(
+    py: Python<'py>,
+    children: &Bound<'py, PyDict>,
+    root: &Bound<'py, PyTuple>,
+    allowance: i128,
+    mut emit: impl FnMut(&Bound<'py, PyTuple>, i128, i128, &Bound<'py, PyTuple>) -> PyResult<()>,
+) -> PyResult<()> {
+    let root = root.clone();
     let (rs, re) = times(&root)?;
     let mut on_path = vec![span_id(&root)?];
     let mut frames = vec![Frame {
@@ -111,7 +132,7 @@ pub fn critical_path<'py>(
             Some((cs, ce, child)) => {
                 let cut = ce.min(end);
                 if cut < end {
-                    sections.append(section(&frame.span, cut, end, &frame.stack)?)?;
+                    emit(&frame.span, cut, end, &frame.stack)?;
                 }
                 let mut names: Vec<Bound<'py, PyAny>> = frame.stack.iter().collect();
                 names.push(child.get_item(3)?);
@@ -128,7 +149,7 @@ pub fn critical_path<'py>(
             None => {
                 let lo = frame.lo;
                 if lo < end {
-                    sections.append(section(&frame.span, lo, end, &frame.stack)?)?;
+                    emit(&frame.span, lo, end, &frame.stack)?;
                 }
                 frames.pop();
                 on_path.pop();
@@ -136,5 +157,115 @@ pub fn critical_path<'py>(
             }
         }
     }
-    Ok(sections)
+    Ok(())
+}
+
+/// Nanoseconds per span name in first-seen order (names compared as Python strings).
+struct ByName<'py>(Vec<(Bound<'py, PyAny>, i128)>);
+
+impl<'py> ByName<'py> {
+    fn add(&mut self, name: &Bound<'py, PyAny>, ns: i128) -> PyResult<()> {
+        for (seen, total) in &mut self.0 {
+            if seen.is(name) || seen.eq(name)? {
+                *total += ns;
+                return Ok(());
+            }
+        }
+        self.0.push((name.clone(), ns));
+        Ok(())
+    }
+
+    /// The name with the most time; the first of equal totals, as Python's `max` keeps.
+    fn top(&self) -> Option<&(Bound<'py, PyAny>, i128)> {
+        let mut best: Option<&(Bound<'py, PyAny>, i128)> = None;
+        for entry in &self.0 {
+            if best.is_none_or(|b| entry.1 > b.1) {
+                best = Some(entry);
+            }
+        }
+        best
+    }
+}
+
+/// Per-name nanosecond lists, folded stacks, summed latency, dominant segments.
+type PathTotals<'py> = (
+    Bound<'py, PyDict>,
+    Bound<'py, PyDict>,
+    Bound<'py, PyAny>,
+    Bound<'py, PyDict>,
+);
+
+/// `critical_path.request_paths` in one call: for each `(children, root, ttft_ns or None,
+/// request span id)` the walk, folded into what `aggregate` and `_dominant` return from its
+/// sections: per-name exclusive nanoseconds (one list entry per request the name is on),
+/// the folded stacks, the summed latency and each request's dominant segments.
+#[pyfunction]
+pub fn path_totals<'py>(
+    py: Python<'py>,
+    requests: &Bound<'py, PyList>,
+    overlap_allowance_ns: i64,
+) -> PyResult<PathTotals<'py>> {
+    let allowance = i128::from(overlap_allowance_ns);
+    let totals = PyDict::new(py);
+    let folded = PyDict::new(py);
+    let dominant = PyDict::new(py);
+    let e2e_key = PyString::new(py, "e2e_s");
+    let ttft_key = PyString::new(py, "ttft_s");
+    let mut latency_total: i128 = 0;
+    for item in requests.iter() {
+        let item = item.cast_into::<PyTuple>()?;
+        let children = item.get_item(0)?;
+        let root = item.get_item(1)?;
+        let root = root.cast::<PyTuple>()?;
+        let ttft = item.get_item(2)?;
+        let ttft: Option<i128> = if ttft.is_none() {
+            None
+        } else {
+            Some(i128::from(ttft.extract::<i64>()?))
+        };
+        let (rs, re) = times(root)?;
+        latency_total += re - rs;
+        let mut whole = ByName(Vec::new());
+        let mut first = ByName(Vec::new());
+        walk(
+            py,
+            as_children(&children)?,
+            root,
+            allowance,
+            |span, lo, hi, stack| {
+                let name = span.get_item(3)?;
+                whole.add(&name, hi - lo)?;
+                if let Some(t) = ttft {
+                    let cut = hi.min(t);
+                    if cut > lo {
+                        first.add(&name, cut - lo)?;
+                    }
+                }
+                let so_far = match folded.get_item(stack)? {
+                    Some(v) => v.extract::<i128>()?,
+                    None => 0,
+                };
+                folded.set_item(stack, so_far + (hi - lo))
+            },
+        )?;
+        for (name, ns) in &whole.0 {
+            match totals.get_item(name)? {
+                Some(list) => list.cast_into::<PyList>()?.append(*ns)?,
+                None => totals.set_item(name, PyList::new(py, [*ns])?)?,
+            }
+        }
+        let span_id = item.get_item(3)?;
+        for (metric, by) in [(&e2e_key, &whole), (&ttft_key, &first)] {
+            if let Some((name, ns)) = by.top() {
+                let key = PyTuple::new(py, [span_id.clone(), metric.clone().into_any()])?;
+                dominant.set_item(key, (name, *ns as f64 / 1e9))?;
+            }
+        }
+    }
+    Ok((
+        totals,
+        folded,
+        latency_total.into_pyobject(py)?.into_any(),
+        dominant,
+    ))
 }

@@ -847,11 +847,12 @@ mod table;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 3)?;
+    m.add("ABI_VERSION", 4)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
+    m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;
     Ok(())
 }

@@ -179,3 +179,37 @@ def test_compiled_walk_and_python_walk_agree_on_random_trees() -> None:
         compiled = cp.critical_path(trace, root, overlap_allowance_ns=allowance)
         assert compiled == python
         assert [s.span for s in compiled] == [s.span for s in python]
+
+
+def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() -> None:
+    """native/src/critical_path.rs's ``path_totals`` against the Python reference
+    (``critical_path`` + ``aggregate`` + ``_dominant``): the same per-name stats, folded
+    stacks (in the same order: the flame view keeps first-seen order among ties) and
+    dominant segments, with and without a first token, over random request trees."""
+    from llmtrace import semconv as sc
+    from llmtrace.analysis import critical_path as cp
+    from llmtrace.analysis.model import RequestView
+
+    if cp._compiled_totals is None:
+        pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
+    rng = random.Random(9)
+    for _ in range(150):
+        requests = []
+        for _ in range(rng.randint(0, 12)):
+            trace, root = _random_tree(rng)
+            ttft = rng.choice([None, rng.uniform(0, 0.12), 0.0])
+            attrs = {} if ttft is None else {sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: ttft}
+            request = root._replace(attributes=attrs)
+            trace = Trace.build(trace.trace_id, [request if s is root else s for s in trace.spans])
+            requests.append(RequestView(trace, request, None, {}))
+        allowance = rng.choice([0, 1_000_000])
+        compiled = cp.request_paths(requests, overlap_allowance_ns=allowance)
+        items = [
+            (r.trace.children, r.root, None if r.ttft_s is None else r.request.start_ns + int(r.ttft_s * 1e9),
+             r.request.span_id)
+            for r in requests
+        ]
+        python = cp._request_paths(requests, items, allowance)
+        assert compiled == python
+        assert list(compiled.folded) == list(python.folded)
+        assert list(compiled.dominant) == list(python.dominant)

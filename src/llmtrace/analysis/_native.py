@@ -18,7 +18,7 @@ import os
 from typing import Any
 
 #: Bump together with ``ABI_VERSION`` in native/src/lib.rs whenever a signature changes.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 _log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ deviations from the Jaeger UI, both documented in docs/analysis.md:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
 from llmtrace.analysis._native import native
-from llmtrace.analysis.model import Span, Trace
+from llmtrace.analysis.model import RequestView, Span, Trace
 from llmtrace.analysis.stats import pcts
 
 
@@ -53,6 +53,7 @@ class Section(NamedTuple):
 
 
 _compiled = native.critical_path if native is not None else None
+_compiled_totals = native.path_totals if native is not None else None
 _END_THEN_START = itemgetter(1, 0)
 
 
@@ -160,6 +161,11 @@ def aggregate(
         for s in sections:
             stack = s.stack
             folded[stack] = folded.get(stack, 0) + s.end_ns - s.start_ns
+    return segment_stats(totals, latency_total), folded
+
+
+def segment_stats(totals: Mapping[str, Sequence[int]], latency_total: int) -> list[SegmentStats]:
+    """Per-name stats from each name's exclusive nanoseconds in the requests it is on."""
     stats = []
     for name, values in totals.items():
         total = sum(values)
@@ -176,4 +182,72 @@ def aggregate(
             )
         )
     stats.sort(key=lambda s: (-s.share, s.name))
-    return stats, folded
+    return stats
+
+
+#: (request span id, "e2e_s" | "ttft_s") -> (span name, seconds): the top critical-path
+#: segment of that part of the request.
+Dominant = dict[tuple[str, str], tuple[str, float]]
+
+
+class PathTotals(NamedTuple):
+    """What the analysis keeps of every request's critical path."""
+
+    stats: list[SegmentStats]
+    folded: dict[tuple[str, ...], int]
+    dominant: Dominant
+
+
+def request_paths(requests: Sequence[RequestView], *, overlap_allowance_ns: int = 0) -> PathTotals:
+    """Each request's critical path (from :attr:`RequestView.root`), aggregated
+    (:func:`aggregate`), with each request's dominant segment of the whole path and of its
+    part before the first token (the anomalies name them)."""
+    items = [
+        (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + int(t * 1e9),
+         r.request.span_id)
+        for r in requests
+    ]
+    if _compiled_totals is not None and all(type(item[0]) is dict for item in items):
+        try:  # the walks and their sums in one call (native/src/critical_path.rs)
+            totals, folded, latency_total, dominant = _compiled_totals(items, overlap_allowance_ns)
+            return PathTotals(segment_stats(totals, latency_total), folded, dominant)
+        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
+            pass
+    return _request_paths(requests, items, overlap_allowance_ns)
+
+
+def _request_paths(
+    requests: Sequence[RequestView], items: Sequence[tuple[object, Span, int | None, str]], overlap_allowance_ns: int
+) -> PathTotals:
+    """:func:`request_paths` in Python: the reference, and the path without llmtrace-native."""
+    paths = [
+        (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns))
+        for r in requests
+    ]
+    stats, folded = aggregate(paths)
+    dominant: Dominant = {}
+    for (_, _, ttft_ns, span_id), (_, sections) in zip(items, paths, strict=True):
+        _dominant(dominant, span_id, sections, ttft_ns)
+    return PathTotals(stats, folded, dominant)
+
+
+def _dominant(out: Dominant, span_id: str, sections: Sequence[Section], ttft_ns: int | None) -> None:
+    """The span name owning most of the critical path (``(span_id, "e2e_s")``) and, with
+    ``ttft_ns``, of its part before the first token (``(span_id, "ttft_s")``): one pass."""
+    whole: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for s in sections:
+        start, end, name = s.start_ns, s.end_ns, s.span.name
+        if end > start:
+            whole[name] = whole.get(name, 0) + end - start
+        if ttft_ns is not None:
+            cut = end if end < ttft_ns else ttft_ns
+            if cut > start:
+                first[name] = first.get(name, 0) + cut - start
+    for metric, excl in (("e2e_s", whole), ("ttft_s", first)):
+        if excl:  # max keeps the first of equal totals, in first-seen order
+            name, ns = max(excl.items(), key=_NS)
+            out[(span_id, metric)] = (name, ns / 1e9)
+
+
+_NS = itemgetter(1)

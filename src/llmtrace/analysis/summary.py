@@ -12,7 +12,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
@@ -20,7 +20,7 @@ from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
-from llmtrace.analysis.critical_path import SegmentStats, aggregate, critical_path
+from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
 from llmtrace.analysis.stats import pcts
@@ -100,14 +100,7 @@ def analyze(ts: TraceSet, *, source: str = "", overlap_allowance_ns: int = 0) ->
 
 def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     reqs = ts.requests
-    paths = [
-        (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns)) for r in reqs
-    ]
-    cp_stats, folded = aggregate(paths)
-    dominant: dict[tuple[str, str], tuple[str, float]] = {}
-    for r, (_, sections) in zip(reqs, paths, strict=True):
-        ttft = r.ttft_s
-        _dominant(dominant, r.request.span_id, sections, None if ttft is None else r.request.start_ns + int(ttft * 1e9))
+    cp_stats, folded, dominant = request_paths(reqs, overlap_allowance_ns=overlap_allowance_ns)
     per_phase = [request_phases(r) for r in reqs]
     e2e = [r.e2e_s for r in reqs]
     phases = phase_breakdown(per_phase, e2e)
@@ -146,33 +139,6 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
         "scatter": _scatter(reqs, anomalies),
     }
     return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views})
-
-
-def _dominant(
-    out: dict[tuple[str, str], tuple[str, float]],
-    span_id: str,
-    sections: Sequence[Any],
-    ttft_ns: int | None,
-) -> None:
-    """The span name owning most of the critical path (``(span_id, "e2e_s")``) and, with
-    ``ttft_ns``, of its part before the first token (``(span_id, "ttft_s")``): one pass."""
-    whole: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for s in sections:
-        start, end, name = s.start_ns, s.end_ns, s.span.name
-        if end > start:
-            whole[name] = whole.get(name, 0) + end - start
-        if ttft_ns is not None:
-            cut = end if end < ttft_ns else ttft_ns
-            if cut > start:
-                first[name] = first.get(name, 0) + cut - start
-    for metric, excl in (("e2e_s", whole), ("ttft_s", first)):
-        if excl:  # max keeps the first of equal totals, in first-seen order
-            name, ns = max(excl.items(), key=_NS)
-            out[(span_id, metric)] = (name, ns / 1e9)
-
-
-_NS = itemgetter(1)
 
 
 def _request_stats(
