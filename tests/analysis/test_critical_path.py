@@ -201,7 +201,7 @@ def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() 
             attrs = {} if ttft is None else {sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: ttft}
             request = root._replace(attributes=attrs)
             trace = Trace.build(trace.trace_id, [request if s is root else s for s in trace.spans])
-            requests.append(RequestView(trace, request, None, {}))
+            requests.append(RequestView.of(trace, request, None, {}))
         allowance = rng.choice([0, 1_000_000])
         compiled = cp.request_paths(requests, overlap_allowance_ns=allowance)
         items = [

@@ -245,7 +245,7 @@ def _request_view(trace: Trace, span: Span) -> RequestView:
     for child in trace.children_of(span):
         if child.name in _PHASES:
             phases.setdefault(child.name, []).append(child)
-    return RequestView(trace, span, server, {k: tuple(v) for k, v in phases.items()})
+    return RequestView.of(trace, span, server, {k: tuple(v) for k, v in phases.items()})
 
 
 def _engine_of(trace: Trace, span: Span) -> str:

@@ -180,12 +180,54 @@ _new_trace: Callable[..., Trace] = fast_constructor(Trace)
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
-    """One request: its ``llm.request`` span, HTTP parent (when present) and phases."""
+    """One request: its ``llm.request`` span, HTTP parent (when present) and phases.
+
+    The per-request metrics every analyzer reads (several times each) are decoded once, by
+    :meth:`of`, the constructor to use."""
 
     trace: Trace
     request: Span
     server: Span | None
     phases: Mapping[str, tuple[Span, ...]]
+    #: Client-visible latency: the HTTP span when traced, else ``gen_ai.latency.e2e``,
+    #: else the ``llm.request`` span.
+    e2e_s: float
+    #: ``gen_ai.latency.time_to_first_token``, else the end of the last ``llm.prefill``.
+    ttft_s: float | None
+    input_tokens: int | None
+    output_tokens: int | None
+
+    @classmethod
+    def of(
+        cls, trace: Trace, request: Span, server: Span | None, phases: Mapping[str, tuple[Span, ...]]
+    ) -> RequestView:
+        attrs = request.attributes
+        if server is not None:
+            e2e = server.duration_ns / 1e9
+        else:
+            e2e_attr = _num_of(attrs, sc.GEN_AI_LATENCY_E2E)
+            e2e = e2e_attr if e2e_attr is not None else request.duration_ns / 1e9
+        ttft = _num_of(attrs, sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
+        if ttft is None:
+            prefill = phases.get(sc.SPAN_PREFILL)
+            if prefill:
+                ttft = (max(p.end_ns for p in prefill) - request.start_ns) / 1e9
+        n_in = _num_of(attrs, sc.GEN_AI_USAGE_INPUT_TOKENS)
+        if n_in is None:  # vLLM's own tracing uses the older GenAI names
+            n_in = _num_of(attrs, sc.VLLM_USAGE_PROMPT_TOKENS)
+        n_out = _num_of(attrs, sc.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if n_out is None:
+            n_out = _num_of(attrs, sc.VLLM_USAGE_COMPLETION_TOKENS)
+        return _new_request(
+            trace,
+            request,
+            server,
+            phases,
+            e2e,
+            ttft,
+            None if n_in is None else int(n_in),
+            None if n_out is None else int(n_out),
+        )
 
     @property
     def root(self) -> Span:
@@ -193,14 +235,7 @@ class RequestView:
         return self.server if self.server is not None else self.request
 
     def num(self, key: str) -> float | None:
-        value = self.request.attributes.get(key)
-        if value is None:
-            return None
-        # finite_number's answer, inlined for the plain int/float every parsed span carries
-        # (read ~13 times per request by the analyzers).
-        if (value.__class__ is float or value.__class__ is int) and -FINITE_LIMIT < value < FINITE_LIMIT:
-            return float(value)
-        return finite_number(value)
+        return _num_of(self.request.attributes, key)
 
     @property
     def request_id(self) -> str:
@@ -209,41 +244,23 @@ class RequestView:
             rid = self.request.attributes.get(sc.VLLM_REQUEST_ID)
         return str(rid) if rid is not None else self.request.span_id
 
-    @property
-    def e2e_s(self) -> float:
-        """Client-visible latency: the HTTP span when traced, else ``gen_ai.latency.e2e``."""
-        if self.server is not None:
-            return self.server.duration_ns / 1e9
-        e2e = self.num(sc.GEN_AI_LATENCY_E2E)
-        return e2e if e2e is not None else self.request.duration_ns / 1e9
-
-    @property
-    def ttft_s(self) -> float | None:
-        ttft = self.num(sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)
-        if ttft is not None:
-            return ttft
-        prefill = self.phases.get(sc.SPAN_PREFILL)
-        if prefill:
-            return (max(p.end_ns for p in prefill) - self.request.start_ns) / 1e9
-        return None
-
-    @property
-    def input_tokens(self) -> int | None:
-        n = self.num(sc.GEN_AI_USAGE_INPUT_TOKENS)
-        if n is None:  # vLLM's own tracing uses the older GenAI name
-            n = self.num(sc.VLLM_USAGE_PROMPT_TOKENS)
-        return None if n is None else int(n)
-
-    @property
-    def output_tokens(self) -> int | None:
-        n = self.num(sc.GEN_AI_USAGE_OUTPUT_TOKENS)
-        if n is None:
-            n = self.num(sc.VLLM_USAGE_COMPLETION_TOKENS)
-        return None if n is None else int(n)
-
     def phase_s(self, name: str) -> float:
         """Total seconds in the phase ``name`` (summed: ``llm.queue`` recurs after preemption)."""
         return sum([s.end_ns - s.start_ns for s in self.phases.get(name, ())]) / 1e9
+
+
+def _num_of(attributes: Mapping[str, Any], key: str) -> float | None:
+    """A request attribute as a finite float (``None``: absent or not a finite number)."""
+    value = attributes.get(key)
+    if value is None:
+        return None
+    # finite_number's answer, inlined for the plain int/float every parsed span carries.
+    if (value.__class__ is float or value.__class__ is int) and -FINITE_LIMIT < value < FINITE_LIMIT:
+        return float(value)
+    return finite_number(value)
+
+
+_new_request: Callable[..., RequestView] = fast_constructor(RequestView)
 
 
 @dataclass(frozen=True, slots=True)
