@@ -168,8 +168,13 @@ def test_paused_gc_restores_the_collector_and_leaves_frozen_objects_alone() -> N
 @pytest.mark.parametrize("block", [1, 2, 3, 7, 1 << 22])
 def test_plain_files_are_cut_into_the_same_lines_as_readline(block: int) -> None:
     import io
+    import random
 
     from llmtrace.analysis.sources.files import _split_lines
 
-    for data in (b"", b"a", b"a\n", b"a\nb", b"\n\n", b"ab\ncd\n\nef", b"x" * 10 + b"\n" + b"y" * 7, b"a\r\nb\x0cc\n"):
+    rng = random.Random(block)
+    # Lines shorter and longer than a block, several to a block, and a newline at a block edge.
+    generated = [b"".join(rng.choice([b"a", b"b", b"\n"]) for _ in range(rng.randint(0, 40))) for _ in range(200)]
+    for data in (b"", b"a", b"a\n", b"a\nb", b"\n\n", b"ab\ncd\n\nef", b"x" * 10 + b"\n" + b"y" * 7, b"a\r\nb\x0cc\n",
+                 *generated):
         assert list(_split_lines(io.BytesIO(data), block)) == list(io.BytesIO(data))

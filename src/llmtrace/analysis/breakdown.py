@@ -31,20 +31,45 @@ _SPAN_OF = {
 }
 
 
+#: (phase span name, its fallback attribute or None) for the five phases with spans, in
+#: the order their seconds are summed for "other".
+_LOOKUPS = tuple(
+    (_SPAN_OF[p], _FALLBACK_ATTR.get(_SPAN_OF[p])) for p in ("tokenize", "queue", "prefill", "decode", "detokenize")
+)
+
+
 def request_phases(r: RequestView) -> dict[str, float]:
     """Seconds per phase for one request; the values sum to its client-visible latency
     (unless phases overlap, in which case "other" is 0)."""
-    out: dict[str, float] = {}
-    for phase, span_name in _SPAN_OF.items():
-        if span_name in r.phases:
-            out[phase] = r.phase_s(span_name)
+    phases = r.phases
+    values = []
+    for span_name, attr in _LOOKUPS:
+        spans = phases.get(span_name)
+        if spans is not None:  # summed: llm.queue recurs after a preemption
+            if len(spans) == 1:
+                s = spans[0]
+                values.append((s.end_ns - s.start_ns) / 1e9)
+            else:
+                values.append(sum([s.end_ns - s.start_ns for s in spans]) / 1e9)
         else:
-            attr = _FALLBACK_ATTR.get(span_name)
             value = r.num(attr) if attr else None
-            out[phase] = value if value is not None and value >= 0 else 0.0
-    out["network"] = max(0.0, (r.server.duration_ns - r.request.duration_ns) / 1e9) if r.server is not None else 0.0
-    out["other"] = max(0.0, r.e2e_s - sum(out.values()))
-    return {p: out[p] for p in PHASES}
+            values.append(value if value is not None and value >= 0 else 0.0)
+    server, request = r.server, r.request
+    network = 0.0
+    if server is not None:
+        network = max(0.0, ((server.end_ns - server.start_ns) - (request.end_ns - request.start_ns)) / 1e9)
+    values.append(network)
+    other = max(0.0, r.e2e_s - sum(values))
+    tokenize, queue, prefill, decode, detokenize, _ = values
+    return {
+        "network": network,
+        "tokenize": tokenize,
+        "queue": queue,
+        "prefill": prefill,
+        "decode": decode,
+        "detokenize": detokenize,
+        "other": other,
+    }
 
 
 @dataclass(frozen=True, slots=True)

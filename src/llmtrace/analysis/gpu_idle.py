@@ -187,10 +187,17 @@ _ENGINE_PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE)  # not llm.tok
 
 
 def _engine_held(request: RequestView) -> Interval:
-    phases = [s for name in _ENGINE_PHASES for s in request.phases.get(name, ())]
-    if not phases:
+    lo = hi = None
+    get = request.phases.get
+    for name in _ENGINE_PHASES:
+        for s in get(name, ()):
+            if lo is None or s.start_ns < lo:
+                lo = s.start_ns
+            if hi is None or s.end_ns > hi:
+                hi = s.end_ns
+    if lo is None or hi is None:
         return request.request.start_ns, request.request.end_ns
-    return min(s.start_ns for s in phases), max(s.end_ns for s in phases)
+    return lo, hi
 
 
 def _step_runs(steps: Sequence[StepView]) -> list[Interval]:

@@ -261,23 +261,34 @@ def _iter_lines(
 
 def _split_lines(stream: BinaryIO, block: int = 1 << 22) -> Iterator[bytes]:
     """The lines of ``stream`` as ``for line in stream`` yields them (``\n`` kept)."""
-    rest = b""
+    # A line cut by a block boundary is joined from its pieces alone: prepending the
+    # remainder to the next block instead copied the whole file once more.
+    pending: list[bytes] = []
     while True:
         chunk = stream.read(block)
         if not chunk:
             break
-        buf = rest + chunk if rest else chunk
-        find = buf.find
+        find = chunk.find
         start = 0
+        if pending:
+            end = find(b"\n")
+            if end < 0:  # a line longer than a block
+                pending.append(chunk)
+                continue
+            pending.append(chunk[: end + 1])
+            yield b"".join(pending)
+            pending = []
+            start = end + 1
         while True:
             end = find(b"\n", start)
             if end < 0:
                 break
-            yield buf[start : end + 1]
+            yield chunk[start : end + 1]
             start = end + 1
-        rest = buf[start:]
-    if rest:
-        yield rest
+        if start < len(chunk):
+            pending.append(chunk[start:])
+    if pending:
+        yield b"".join(pending)
 
 
 def _iter_concatenated(path: str, data: bytes, intern: Interner, stats: ReadStats) -> Iterator[list[Span]]:
