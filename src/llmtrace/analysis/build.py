@@ -241,11 +241,13 @@ def _vllm_requests(trace: Trace) -> tuple[Trace, list[RequestView]]:
 def _request_view(trace: Trace, span: Span) -> RequestView:
     parent = trace.by_id.get(span.parent_id) if span.parent_id else None
     server = parent if parent is not None and parent.kind == SpanKind.SERVER else None
-    phases: dict[str, list[Span]] = {}
-    for child in trace.children_of(span):
-        if child.name in _PHASES:
-            phases.setdefault(child.name, []).append(child)
-    return RequestView.of(trace, span, server, {k: tuple(v) for k, v in phases.items()})
+    phases: dict[str, tuple[Span, ...]] = {}
+    for child in trace.children.get(span.span_id, ()):
+        name = child.name
+        if name in _PHASES:
+            seen = phases.get(name)
+            phases[name] = (child,) if seen is None else (*seen, child)  # llm.queue recurs after preemption
+    return RequestView.of(trace, span, server, phases)
 
 
 def _engine_of(trace: Trace, span: Span) -> str:
