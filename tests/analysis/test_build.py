@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from llmtrace import semconv as sc
+from llmtrace.analysis.breakdown import PHASES, request_phases
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.critical_path import critical_path
-from llmtrace.analysis.model import Link
-from tests.analysis.builders import T0, engine_window, request_trace, span
+from llmtrace.analysis.model import Link, SpanKind
+from tests.analysis.builders import T0, engine_window, ms, request_trace, span
 
 
 def test_request_view_finds_server_parent_and_phases() -> None:
@@ -17,6 +18,36 @@ def test_request_view_finds_server_parent_and_phases() -> None:
     assert {sc.SPAN_TOKENIZE, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE} == set(r.phases)
     assert 0.011 == round(r.e2e_s, 9)
     assert 0.006 == round(r.ttft_s or 0, 9)
+
+
+def test_a_preempted_request_sums_its_queue_spans_and_falls_back_where_attributes_are_missing() -> None:
+    """A request queued twice (preempted after its prefill) and without the latency and
+    token attributes llmtrace writes: the queue phase is both spans summed, TTFT is the end
+    of the last prefill, token counts come from vLLM's older names, and the phases add up to
+    the client-visible latency with the HTTP span's surplus as network."""
+    tid = "p" * 32
+    server = span("POST /v1/completions", 0, 50, trace=tid, kind=SpanKind.SERVER)
+    req = span(sc.SPAN_REQUEST, 2, 48, parent=server,
+               attrs={sc.VLLM_USAGE_PROMPT_TOKENS: 300, sc.VLLM_USAGE_COMPLETION_TOKENS: 7.0})
+    spans = [
+        server,
+        req,
+        span(sc.SPAN_TOKENIZE, 2, 4, parent=req),
+        span(sc.SPAN_QUEUE, 4, 10, parent=req),
+        span(sc.SPAN_PREFILL, 10, 15, parent=req),
+        span(sc.SPAN_QUEUE, 15, 25, parent=req),  # preempted: queued again, prefilled again
+        span(sc.SPAN_PREFILL, 25, 30, parent=req),
+        span(sc.SPAN_DECODE, 30, 46, parent=req),
+    ]
+    [r] = build_traceset(spans).requests
+    assert [s.start_ns for s in r.phases[sc.SPAN_QUEUE]] == [ms(4), ms(15)]
+    assert (r.e2e_s, r.ttft_s, r.input_tokens, r.output_tokens) == (0.05, 0.028, 300, 7)
+    phases = request_phases(r)
+    assert list(phases) == list(PHASES)
+    assert phases["queue"] == 0.016 and phases["prefill"] == 0.010 and phases["tokenize"] == 0.002
+    assert phases["network"] == 0.004 and phases["decode"] == 0.016
+    assert round(phases["other"], 9) == 0.002  # 46..48 inside llm.request, after the last phase
+    assert round(sum(phases.values()), 9) == r.e2e_s
 
 
 def test_duplicate_spans_are_dropped_with_a_warning() -> None:
