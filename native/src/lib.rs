@@ -346,23 +346,29 @@ impl Decoder {
     /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
     /// must read it. `strings` is the interning dict shared with them (`Interner.strings`).
     /// With `table`, engine-side spans (`table::ENGINE_NAMES`) go into it instead of the
-    /// list; a declined line leaves the table as it was.
-    #[pyo3(signature = (data, strings, table=None))]
+    /// list; a declined line leaves the table as it was. `scan=False` reads the line with
+    /// serde alone, skipping the hand-written fast path (`scan.rs`; the tests compare both).
+    #[pyo3(signature = (data, strings, table=None, scan=true))]
     fn spans_from_line<'py>(
         &self,
         py: Python<'py>,
         data: &Bound<'py, PyBytes>,
         strings: &Bound<'py, PyDict>,
         table: Option<&Bound<'py, table::EngineTable>>,
+        scan: bool,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
         // One UTF-8 check of the whole line, then from_str: from_slice checks every string
         // on its own, which cost more than the rest of the JSON parse.
         let Ok(text) = std::str::from_utf8(data.as_bytes()) else {
             return Ok(None);
         };
-        let doc: Obj<Export> = match serde_json::from_str(text) {
-            Ok(doc) => doc,
-            Err(_) => return Ok(None),
+        let scanned = if scan { scan::export(text) } else { None };
+        let doc: Obj<Export> = match scanned {
+            Some(doc) => doc,
+            None => match serde_json::from_str(text) {
+                Ok(doc) => doc,
+                Err(_) => return Ok(None),
+            },
         };
         let rss = match doc.0.resource_spans {
             None => return Ok(None), // not an OTLP traces document
@@ -841,6 +847,7 @@ fn is_id(s: &str, len: usize) -> bool {
 mod critical_path;
 mod gpu_idle;
 mod named_tuple;
+mod scan;
 mod table;
 
 #[pymodule]
@@ -854,5 +861,6 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::scans, m)?)?;
     Ok(())
 }

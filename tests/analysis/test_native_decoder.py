@@ -291,3 +291,89 @@ def test_differential_fuzz_against_the_generic_path() -> None:
         for x, y in zip(native, generic, strict=True):
             assert [type(v) for v in x.attributes.values()] == [type(v) for v in y.attributes.values()], line
     assert taken > 150  # enough mutated documents stay valid to compare
+
+
+# --- The hand-written fast path (native/src/scan.rs) against serde ------------------------
+
+
+def _render(x: Any, rng: Any) -> str:
+    """``x`` as JSON text spelled at random: whitespace between tokens, escaped or raw
+    characters, numbers with fractions or exponents (which changes what some fields accept:
+    both readers must still agree)."""
+
+    def ws() -> str:
+        return str(rng.choice(["", "", "", " ", "\n", "\t", "\r\n  "]))
+
+    if isinstance(x, dict):
+        members = [f"{ws()}{_render(k, rng)}{ws()}:{ws()}{_render(v, rng)}{ws()}" for k, v in x.items()]
+        return "{" + ",".join(members) + ws() + "}"
+    if isinstance(x, list):
+        return "[" + ",".join(f"{ws()}{_render(v, rng)}{ws()}" for v in x) + ws() + "]"
+    if isinstance(x, str):
+        text = json.dumps(x, ensure_ascii=rng.random() < 0.2)
+        if x and rng.random() < 0.02:  # one character as a \u escape
+            i = rng.randrange(len(x))
+            text = json.dumps(x[:i])[:-1] + f"\\u{ord(x[i]) & 0xFFFF:04x}" + json.dumps(x[i + 1 :])[1:]
+        return text
+    if isinstance(x, bool) or x is None:
+        return json.dumps(x)
+    if isinstance(x, int):
+        odd = [f"{x}.0", f"{x}e0", f"{x}E+00", f"-{x}" if x == 0 else f"0{x}"]
+        return str(x) if rng.random() < 0.9 else str(rng.choice(odd))
+    return str(rng.choice([repr(x), f"{x:.17g}", f"{x:e}", f"{x:.3E}"]))
+
+
+def _decode_both(line: bytes) -> tuple[Any, Any]:
+    """The line read by the fast path (when it takes it) and by serde alone, each with an
+    engine table: (spans, table spans) both ways."""
+    out = []
+    for scan in (True, False):
+        table = otlp_native.new_table()
+        assert table is not None
+        spans = otlp_native._DECODER.spans_from_line(line, Interner().strings, table.native, scan)
+        out.append((repr(spans), repr(table.merged_with([])),
+                    None if spans is None else [[type(v) for v in s.attributes.values()] for s in spans]))
+    return out[0], out[1]
+
+
+def test_the_fast_path_reads_every_line_exactly_as_serde_does() -> None:
+    """scan.rs is a fast path in front of serde_json: on every line it takes, the spans and
+    the engine table must be those serde's reading gives (and where it gives up, serde reads
+    the line). Lines: the simulator's output, every TAKEN/DECLINED case, the structural
+    mutations of the fuzz test above, and the same documents spelled at random (whitespace,
+    escapes, number forms, nulls, duplicate keys, trailing text). The fast path must also
+    actually take the plain ones (else this test would compare serde with itself)."""
+    import random
+
+    from llmtrace.analysis._native import native
+
+    rng = random.Random(20261204)
+    sim = Path(__file__).with_name("_sim.jsonl")
+    lines: list[bytes] = []
+    try:
+        write_jsonl(str(sim), SimConfig(duration_s=1.0, arrival_rate=20, seed=3))
+        lines += sim.read_bytes().splitlines()
+    finally:
+        sim.unlink(missing_ok=True)
+    assert lines and all(native.scans(line) for line in lines)  # the plain output: all taken
+    docs = [*TAKEN.values(), *DECLINED.values()]
+    base = doc(
+        otlp_span(links=[{"traceId": TID, "spanId": "1111111111111111"}], status={"code": 2}, kind=2),
+        otlp_span(spanId="2222222222222222", attributes=_attrs(a={"arrayValue": {"values": [{"boolValue": True}]}},
+                                                               d={"doubleValue": 0.25}, i={"intValue": 7})),
+    )
+    docs += [_mutate(base, rng) for _ in range(600)]
+    texts = [json.dumps(d) for d in docs] + [_render(d, rng) for d in docs for _ in range(3)]
+    texts += ['{"resourceSpans": []} x', '{"resourceSpans": [] }  \n', '{"resourceSpans":[{"scopeSpans":[{"spans":'
+              '[{"traceId":"' + TID + '","spanId":"1111111111111111","name":"n","startTimeUnixNano":"1",'
+              '"endTimeUnixNano":"2","name":"m"}]}]}]}', '{"resourceSpans": [], "resourceSpans": []}',
+              '{"resourceSpans": [], "x": [1, {"y": -0.5e-3}, "z\\u00e9", null, true]}']
+    lines += [t.encode() for t in texts]
+    decoded = taken = 0
+    for line in lines:
+        fast, slow = _decode_both(line)
+        assert fast == slow, line
+        decoded += slow[0] != "None"
+        taken += native.scans(line) and slow[0] != "None"
+    print(f"{len(lines)} lines, {decoded} decoded, {taken} of them by the fast path")
+    assert taken > decoded // 3, (decoded, taken)
