@@ -52,6 +52,18 @@ pub(crate) fn export(text: &str) -> Option<Obj<Export<'_>>> {
     (s.i == s.bytes.len()).then_some(doc)
 }
 
+/// The high bit of each byte of `x` that is a quote, a backslash or a control character.
+#[inline]
+fn stops(x: u64) -> u64 {
+    const ONES: u64 = u64::MAX / 255;
+    let ctrl = x.wrapping_sub(ONES * 0x20) & !x;
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let quote = quote.wrapping_sub(ONES) & !quote;
+    let slash = x ^ (ONES * u64::from(b'\\'));
+    let slash = slash.wrapping_sub(ONES) & !slash;
+    (ctrl | quote | slash) & (ONES << 7)
+}
+
 struct Scanner<'a> {
     text: &'a str,
     bytes: &'a [u8],
@@ -68,17 +80,20 @@ fn once<T>(slot: &mut Option<T>, value: T) -> R<()> {
 }
 
 impl<'a> Scanner<'a> {
+    #[inline]
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.i) {
             self.i += 1;
         }
     }
 
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
         self.ws();
         self.bytes.get(self.i).copied()
     }
 
+    #[inline]
     fn eat(&mut self, c: u8) -> R<()> {
         if self.peek() == Some(c) {
             self.i += 1;
@@ -92,41 +107,34 @@ impl<'a> Scanner<'a> {
     fn string(&mut self) -> R<&'a str> {
         self.eat(b'"')?;
         let start = self.i;
-        let rest = &self.bytes[start..];
+        let bytes = self.bytes;
         // Eight bytes at a time (as serde_json does): stop at a quote, a backslash or a
         // control character.
-        const ONES: u64 = u64::MAX / 255;
-        let mut chunks = rest.chunks_exact(8);
-        for (n, chunk) in chunks.by_ref().enumerate() {
+        let mut k = start;
+        while k + 8 <= bytes.len() {
             let mut word = [0u8; 8];
-            word.copy_from_slice(chunk);
-            let x = u64::from_le_bytes(word);
-            let ctrl = x.wrapping_sub(ONES * 0x20) & !x;
-            let quote = x ^ (ONES * u64::from(b'"'));
-            let quote = quote.wrapping_sub(ONES) & !quote;
-            let slash = x ^ (ONES * u64::from(b'\\'));
-            let slash = slash.wrapping_sub(ONES) & !slash;
-            let hit = (ctrl | quote | slash) & (ONES << 7);
+            word.copy_from_slice(&bytes[k..k + 8]);
+            let hit = stops(u64::from_le_bytes(word));
             if hit != 0 {
-                return self.string_end(start, n * 8 + hit.trailing_zeros() as usize / 8);
+                return self.string_end(start, k + hit.trailing_zeros() as usize / 8);
             }
+            k += 8;
         }
-        let tail = chunks.remainder();
-        let k = rest.len() - tail.len();
-        let more = tail
-            .iter()
-            .position(|c| matches!(c, b'"' | b'\\' | 0..=0x1f))
-            .unwrap_or(tail.len());
-        self.string_end(start, k + more)
+        while k < bytes.len() && !matches!(bytes[k], b'"' | b'\\' | 0..=0x1f) {
+            k += 1;
+        }
+        self.string_end(start, k)
     }
 
-    fn string_end(&mut self, start: usize, k: usize) -> R<&'a str> {
-        if self.bytes.get(start + k) != Some(&b'"') {
+    #[inline]
+    fn string_end(&mut self, start: usize, end: usize) -> R<&'a str> {
+        if self.bytes.get(end) != Some(&b'"') {
             return Err(GiveUp); // an escape, a control character, or the end of the line
         }
-        self.i = start + k + 1;
-        // Quotes are ASCII, so both ends are character boundaries of the (valid) text.
-        self.text.get(start..start + k).ok_or(GiveUp)
+        self.i = end + 1;
+        // SAFETY: `text` is valid UTF-8 and both ends sit next to an ASCII quote, which is
+        // always a character boundary.
+        Ok(unsafe { self.text.get_unchecked(start..end) })
     }
 
     /// The members of an object: `member(self, key)` reads each value.
