@@ -213,3 +213,15 @@ def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() 
         assert compiled == python
         assert list(compiled.folded) == list(python.folded)
         assert list(compiled.dominant) == list(python.dominant)
+
+
+@pytest.mark.parametrize("ttft", [9e299, -9e299, 1e18])
+def test_an_absurd_first_token_latency_is_analysed_not_overflowed(ttft: float) -> None:
+    """A finite but absurd ``time_to_first_token`` (9e299 s is a finite number, but not in
+    nanoseconds) once overflowed the analysis to infinity; now the whole path (or none of it)
+    is before the first token, and the summary is made."""
+    from llmtrace import semconv as sc
+
+    spans = request_trace("a" * 32, 0, 1, 2, 3, 4, attrs={sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN: ttft})
+    summary = analyze(build_traceset(spans))
+    assert summary.requests["count"] == 1 and summary.requests["ttft_s"]["p50"] == ttft

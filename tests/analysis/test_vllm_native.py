@@ -85,3 +85,14 @@ def test_llmtrace_request_in_the_same_trace_wins() -> None:
     assert ["x"] == [r.request_id for r in ts.requests]
     assert len(ts.traces[0].spans) == 2  # nothing derived
     assert ms(0) == ts.requests[0].request.start_ns
+
+
+def test_absurd_latency_attributes_are_clipped_not_overflowed() -> None:
+    """vLLM latency attributes that are finite but absurd (9e299 s) place their phases at
+    the request's edges instead of overflowing to infinity."""
+    req = span(sc.VLLM_SPAN_REQUEST, 0, 100, attrs={sc.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE: 9e299,
+                                                    sc.GEN_AI_LATENCY_TIME_IN_QUEUE: 9e299,
+                                                    sc.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL: 9e299})
+    phases = derived_phases(req)
+    assert [p.name for p in phases] == [sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE]
+    assert all(req.start_ns <= p.start_ns <= p.end_ns <= req.end_ns for p in phases)

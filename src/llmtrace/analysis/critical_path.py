@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from llmtrace.analysis._native import native
-from llmtrace.analysis.model import RequestView, Span, Trace
+from llmtrace.analysis.model import MAX_OFFSET_NS, RequestView, Span, Trace
 from llmtrace.analysis.stats import pcts
 
 
@@ -55,6 +55,12 @@ class Section(NamedTuple):
 _compiled = native.critical_path if native is not None else None
 _compiled_totals = native.path_totals if native is not None else None
 _END_THEN_START = itemgetter(1, 0)
+
+
+def _ns(seconds: float) -> int:
+    """The first-token offset in nanoseconds: truncated, as it always was (a plain ``int``),
+    and clamped like :func:`seconds_to_ns` (an absurd TTFT attribute is past every span)."""
+    return int(max(-MAX_OFFSET_NS, min(seconds * 1e9, MAX_OFFSET_NS)))
 
 
 def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
@@ -203,7 +209,7 @@ def request_paths(requests: Sequence[RequestView], *, overlap_allowance_ns: int 
     (:func:`aggregate`), with each request's dominant segment of the whole path and of its
     part before the first token (the anomalies name them)."""
     items = [
-        (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + int(t * 1e9),
+        (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + _ns(t),
          r.request.span_id)
         for r in requests
     ]

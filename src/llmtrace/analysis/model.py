@@ -44,6 +44,18 @@ def finite_number(value: Any) -> float | None:
     return float(value)
 
 
+#: The largest offset :func:`seconds_to_ns` returns: ~127 years, far beyond any span, and
+#: still inside int64 when added to a current Unix time in nanoseconds.
+MAX_OFFSET_NS = 4 * 10**18
+
+
+def seconds_to_ns(seconds: float) -> int:
+    """A duration attribute in whole nanoseconds, clamped to ±:data:`MAX_OFFSET_NS`: a
+    finite but absurd value (``9e299`` s passes :func:`finite_number`) would otherwise
+    overflow to infinity, which no integer can hold."""
+    return round(max(-MAX_OFFSET_NS, min(seconds * 1e9, MAX_OFFSET_NS)))
+
+
 class SpanKind(IntEnum):
     """OTLP span kinds (the integer values of the OTLP proto enum)."""
 

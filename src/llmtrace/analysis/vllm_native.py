@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmtrace import semconv as sc
-from llmtrace.analysis.model import Span, SpanKind, Trace, finite_number
+from llmtrace.analysis.model import Span, SpanKind, Trace, finite_number, seconds_to_ns
 
 #: Marks a span this module derived (its value: the span it was derived from).
 DERIVED_FROM = "llmtrace.derived_from"
@@ -56,14 +56,14 @@ def derived_phases(request: Span) -> list[Span]:
     attrs = request.attributes
     queue, prefill, decode = (_seconds(attrs, key) for _, key in _PHASE_ATTRS)
     if decode is not None:
-        first_token = request.end_ns - round(decode * 1e9)
+        first_token = request.end_ns - seconds_to_ns(decode)
     elif (ttft := _seconds(attrs, sc.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)) is not None:
-        first_token = request.start_ns + round(ttft * 1e9)
+        first_token = request.start_ns + seconds_to_ns(ttft)
     else:
         return []
-    scheduled = first_token - round((prefill or 0.0) * 1e9)
+    scheduled = first_token - seconds_to_ns(prefill or 0.0)
     bounds = {
-        sc.SPAN_QUEUE: (scheduled - round(queue * 1e9), scheduled) if queue is not None else None,
+        sc.SPAN_QUEUE: (scheduled - seconds_to_ns(queue), scheduled) if queue is not None else None,
         sc.SPAN_PREFILL: (scheduled, first_token) if prefill is not None else None,
         sc.SPAN_DECODE: (first_token, request.end_ns) if decode is not None else None,
     }
