@@ -6,7 +6,7 @@ from llmtrace import semconv as sc
 from llmtrace.analysis.breakdown import PHASES, request_phases
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.critical_path import critical_path
-from llmtrace.analysis.model import Link, SpanKind
+from llmtrace.analysis.model import Link, RequestView, SpanKind
 from tests.analysis.builders import T0, engine_window, ms, request_trace, span
 
 
@@ -18,6 +18,15 @@ def test_request_view_finds_server_parent_and_phases() -> None:
     assert {sc.SPAN_TOKENIZE, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE} == set(r.phases)
     assert 0.011 == round(r.e2e_s, 9)
     assert 0.006 == round(r.ttft_s or 0, 9)
+
+
+def test_a_request_view_made_directly_decodes_its_metrics_as_the_build_does() -> None:
+    """``RequestView(trace, request, server, phases)`` (code written before ``RequestView.of``)
+    decodes e2e, TTFT and token counts itself; given values are kept."""
+    [r] = build_traceset(request_trace("a" * 32, 0, 1, 2, 3, 4, server_pad=0.5)).requests
+    direct = RequestView(r.trace, r.request, r.server, r.phases)
+    assert direct == r and (direct.e2e_s, direct.ttft_s, direct.input_tokens) == (r.e2e_s, r.ttft_s, 100)
+    assert RequestView(r.trace, r.request, r.server, r.phases, ttft_s=None).ttft_s is None
 
 
 def test_a_preempted_request_sums_its_queue_spans_and_falls_back_where_attributes_are_missing() -> None:

@@ -190,12 +190,16 @@ class Trace:
 _new_trace: Callable[..., Trace] = fast_constructor(Trace)
 
 
+#: Default of :class:`RequestView`'s decoded fields: decode them from the spans.
+_DECODE: Any = type("_Decode", (), {"__repr__": lambda self: "<decode>"})()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestView:
     """One request: its ``llm.request`` span, HTTP parent (when present) and phases.
 
     The per-request metrics every analyzer reads (several times each) are decoded once, by
-    :meth:`of`, the constructor to use."""
+    :meth:`of` (``RequestView(trace, request, server, phases)`` decodes them too)."""
 
     trace: Trace
     request: Span
@@ -203,11 +207,19 @@ class RequestView:
     phases: Mapping[str, tuple[Span, ...]]
     #: Client-visible latency: the HTTP span when traced, else ``gen_ai.latency.e2e``,
     #: else the ``llm.request`` span.
-    e2e_s: float
+    e2e_s: float = _DECODE
     #: ``gen_ai.latency.time_to_first_token``, else the end of the last ``llm.prefill``.
-    ttft_s: float | None
-    input_tokens: int | None
-    output_tokens: int | None
+    ttft_s: float | None = _DECODE
+    input_tokens: int | None = _DECODE
+    output_tokens: int | None = _DECODE
+
+    def __post_init__(self) -> None:
+        # Made with the four views only (:meth:`of`'s fast constructor skips this): decode.
+        if _DECODE in (self.e2e_s, self.ttft_s, self.input_tokens, self.output_tokens):
+            decoded = RequestView.of(self.trace, self.request, self.server, self.phases)
+            for name in ("e2e_s", "ttft_s", "input_tokens", "output_tokens"):
+                if getattr(self, name) is _DECODE:
+                    object.__setattr__(self, name, getattr(decoded, name))
 
     @classmethod
     def of(
