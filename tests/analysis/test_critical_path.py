@@ -204,12 +204,7 @@ def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() 
             requests.append(RequestView.of(trace, request, None, {}))
         allowance = rng.choice([0, 1_000_000])
         compiled = cp.request_paths(requests, overlap_allowance_ns=allowance)
-        items = [
-            (r.trace.children, r.root, None if r.ttft_s is None else r.request.start_ns + int(r.ttft_s * 1e9),
-             r.request.span_id)
-            for r in requests
-        ]
-        python = cp._request_paths(requests, items, allowance)
+        python = cp._request_paths(requests, cp._path_items(requests), allowance)
         assert compiled == python
         assert list(compiled.folded) == list(python.folded)
         assert list(compiled.dominant) == list(python.dominant)

@@ -46,11 +46,11 @@ def request_phases(r: RequestView) -> dict[str, float]:
     for span_name, attr in _LOOKUPS:
         spans = phases.get(span_name)
         if spans is not None:  # summed: llm.queue recurs after a preemption
-            if len(spans) == 1:
+            if len(spans) == 1:  # RequestView.phase_s's answer without the call (the usual case)
                 s = spans[0]
                 values.append((s.end_ns - s.start_ns) / 1e9)
             else:
-                values.append(sum([s.end_ns - s.start_ns for s in spans]) / 1e9)
+                values.append(r.phase_s(span_name))
         else:
             value = r.num(attr) if attr else None
             values.append(value if value is not None and value >= 0 else 0.0)

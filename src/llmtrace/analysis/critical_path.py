@@ -32,7 +32,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from llmtrace.analysis._native import native
-from llmtrace.analysis.model import MAX_OFFSET_NS, RequestView, Span, Trace
+from llmtrace.analysis.model import RequestView, Span, Trace, clamped_ns
 from llmtrace.analysis.stats import pcts
 
 
@@ -56,11 +56,6 @@ _compiled = native.critical_path if native is not None else None
 _compiled_totals = native.path_totals if native is not None else None
 _END_THEN_START = itemgetter(1, 0)
 
-
-def _ns(seconds: float) -> int:
-    """The first-token offset in nanoseconds: truncated, as it always was (a plain ``int``),
-    and clamped like :func:`seconds_to_ns` (an absurd TTFT attribute is past every span)."""
-    return int(max(-MAX_OFFSET_NS, min(seconds * 1e9, MAX_OFFSET_NS)))
 
 
 def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
@@ -208,11 +203,7 @@ def request_paths(requests: Sequence[RequestView], *, overlap_allowance_ns: int 
     """Each request's critical path (from :attr:`RequestView.root`), aggregated
     (:func:`aggregate`), with each request's dominant segment of the whole path and of its
     part before the first token (the anomalies name them)."""
-    items = [
-        (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + _ns(t),
-         r.request.span_id)
-        for r in requests
-    ]
+    items = _path_items(requests)
     if _compiled_totals is not None and all(type(item[0]) is dict for item in items):
         try:  # the walks and their sums in one call (native/src/critical_path.rs)
             totals, folded, latency_total, dominant = _compiled_totals(items, overlap_allowance_ns)
@@ -222,8 +213,23 @@ def request_paths(requests: Sequence[RequestView], *, overlap_allowance_ns: int 
     return _request_paths(requests, items, overlap_allowance_ns)
 
 
+#: What one request's walk needs: its trace's children, the root, the first token's time
+#: (``None``: unknown) and the request span id that keys its dominant segments.
+PathItem = tuple[object, Span, int | None, str]
+
+
+def _path_items(requests: Sequence[RequestView]) -> list[PathItem]:
+    # The first-token offset is truncated to whole nanoseconds, as it always was, and clamped
+    # (an absurd TTFT attribute lies past every span).
+    return [
+        (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + int(clamped_ns(t)),
+         r.request.span_id)
+        for r in requests
+    ]
+
+
 def _request_paths(
-    requests: Sequence[RequestView], items: Sequence[tuple[object, Span, int | None, str]], overlap_allowance_ns: int
+    requests: Sequence[RequestView], items: Sequence[PathItem], overlap_allowance_ns: int
 ) -> PathTotals:
     """:func:`request_paths` in Python: the reference, and the path without llmtrace-native."""
     paths = [

@@ -49,11 +49,16 @@ def finite_number(value: Any) -> float | None:
 MAX_OFFSET_NS = 4 * 10**18
 
 
+def clamped_ns(seconds: float) -> float:
+    """A duration attribute in nanoseconds, clamped to ±:data:`MAX_OFFSET_NS`: a finite but
+    absurd value (``9e299`` s passes :func:`finite_number`) would otherwise overflow to
+    infinity, which no integer can hold."""
+    return max(-MAX_OFFSET_NS, min(seconds * 1e9, MAX_OFFSET_NS))
+
+
 def seconds_to_ns(seconds: float) -> int:
-    """A duration attribute in whole nanoseconds, clamped to ±:data:`MAX_OFFSET_NS`: a
-    finite but absurd value (``9e299`` s passes :func:`finite_number`) would otherwise
-    overflow to infinity, which no integer can hold."""
-    return round(max(-MAX_OFFSET_NS, min(seconds * 1e9, MAX_OFFSET_NS)))
+    """:func:`clamped_ns`, rounded to whole nanoseconds."""
+    return round(clamped_ns(seconds))
 
 
 class SpanKind(IntEnum):
