@@ -109,7 +109,8 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     diagnosis = bn.diagnose(
         bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0))
     )
-    windows = tuple(_window_verdicts(ts.engines, idle))
+    starts = [_step_starts(e) for e in ts.engines.values()]  # read by the windows and the timeline
+    windows = tuple(_window_verdicts(ts.engines, idle, starts))
     anomalies = tuple(find_anomalies(reqs, dominant))
     ttfts = [v for r in reqs if (v := r.ttft_s) is not None]
     tpot = [v for r in reqs if (v := _tpot(r)) is not None]
@@ -135,7 +136,7 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
         samples,
     )
     views = {
-        "timeline": _timeline(ts.engines, idle),
+        "timeline": _timeline(ts.engines, idle, starts),
         "scatter": _scatter(reqs, anomalies),
     }
     return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views})
@@ -183,10 +184,11 @@ def _range_stats(e: EngineView, lo: int, hi: int) -> bn.StepStats:
     return bn.step_stats(e.steps[lo:hi])
 
 
-def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> list[WindowVerdict]:
+def _window_verdicts(
+    engines: Mapping[str, EngineView], idle: Sequence[EngineIdle], step_starts: Sequence[list[int]]
+) -> list[WindowVerdict]:
     out = []
-    for e, ei in zip(engines.values(), idle, strict=True):
-        starts = _step_starts(e)
+    for e, ei, starts in zip(engines.values(), idle, step_starts, strict=True):
         for w, wi in zip(e.windows, ei.windows, strict=True):
             steps = _range_stats(e, bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
             f = bn.window_features(w, steps, wi.idle_ns, wi.with_work_ns, wi.causes)
@@ -194,15 +196,16 @@ def _window_verdicts(engines: Mapping[str, EngineView], idle: Sequence[EngineIdl
     return out
 
 
-def _timeline(engines: Mapping[str, EngineView], idle: Sequence[EngineIdle]) -> dict[str, Any]:
+def _timeline(
+    engines: Mapping[str, EngineView], idle: Sequence[EngineIdle], step_starts: Sequence[list[int]]
+) -> dict[str, Any]:
     """The busiest engine's steps around its largest idle-with-work gap, relative microseconds."""
     if not engines:
         return {}
-    e, ei = max(zip(engines.values(), idle, strict=True), key=lambda p: len(p[0].steps))
+    e, ei, starts = max(zip(engines.values(), idle, step_starts, strict=True), key=lambda p: len(p[0].steps))
     if not e.steps:
         return {}
     worst = ei.worst  # the first gap with the most work waiting, then the longest
-    starts = _step_starts(e)
     center = bisect_left(starts, worst.start_ns) if worst else 0
     lo = max(0, center - TIMELINE_STEPS // 2)
     steps = e.steps[lo : lo + TIMELINE_STEPS]
