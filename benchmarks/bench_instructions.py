@@ -30,23 +30,20 @@ from bench_analyzer import dataset
 
 STAGES = ("read", "build", "analyze")
 
-# Runs the first `stage` stages the way bench_analyzer.throughput does.
+# Runs the first `stage` stages with bench_analyzer's own helpers (which also serve trees
+# from before the engine table).
 _PROGRAM = """
 import gc, sys
-from llmtrace.analysis import analyze, build_traceset
-from llmtrace.analysis.sources import load_spans
-try:
-    from llmtrace.analysis.sources import new_engine_table
-except ImportError:  # a tree before the engine table
-    new_engine_table = lambda: None
+sys.path.insert(0, sys.argv[3])
+from bench_analyzer import _build, _load, new_table
+from llmtrace.analysis import analyze
 stage, path = int(sys.argv[1]), sys.argv[2]
 gc.collect()
-table = new_engine_table()
-kw = {} if table is None else {"table": table}
+table = new_table(True)
 if stage >= 1:
-    loaded = load_spans(path, **kw)
+    loaded = _load(path, table)
 if stage >= 2:
-    ts = build_traceset(loaded.spans, warnings=loaded.warnings, **kw)
+    ts = _build(loaded, table)
 if stage >= 3:
     analyze(ts, source=path)
 """
@@ -58,7 +55,7 @@ def count(stage: int, path: str, pythonpath: str | None) -> int:
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", _PROGRAM,
-         str(stage), path],
+         str(stage), path, os.path.dirname(os.path.abspath(__file__))],
         env=env, capture_output=True, text=True, check=True,
     )
     found = re.search(r"Collected : (\d+)", out.stderr)
