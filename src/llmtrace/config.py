@@ -62,11 +62,22 @@ def _opt_str(name: str, value: Any) -> str | None:
     return None if value is None or value == "" else _str(name, value)
 
 
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
 def _choice(*allowed: str) -> Callable[[str, Any], str]:
+    # A choice that includes on/off is a switch with extra settings (gpu: auto, on, off), so a
+    # boolean is read as on/off: instrument(gpu=True), LLMTRACE_GPU=false.
+    switch = "on" in allowed and "off" in allowed
+
     def parse(name: str, value: Any) -> str:
         text = str(value).strip().lower()
+        if switch and (isinstance(value, bool) or text in _TRUE + _FALSE):
+            return "on" if _bool(name, value) else "off"
         if text not in allowed:
-            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}")
+            booleans = " (or a boolean for on/off: true, false, 1, 0, yes, no)" if switch else ""
+            raise ConfigError(f"{name}: {value!r} is not one of {', '.join(allowed)}{booleans}")
         return text
 
     return parse
@@ -76,9 +87,9 @@ def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
+    if text in _TRUE:
         return True
-    if text in ("0", "false", "no", "off"):
+    if text in _FALSE:
         return False
     raise ConfigError(f"{name}: {value!r} is not a boolean (allowed: true, false, 1, 0, yes, no, on, off)")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmtrace.config import OPTIONS, ConfigError, markdown_table, resolve
+from llmtrace.config import OPTIONS, ConfigError, _choice, markdown_table, resolve
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -57,10 +57,31 @@ def test_several_exporters_can_be_combined() -> None:
     assert "/tmp/x.jsonl" == settings.export_file
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, "on"), (False, "off"), ("true", "on"), ("false", "off"), ("1", "on"), ("0", "off"),
+    ("yes", "on"), ("no", "off"), (" On ", "on"), ("auto", "auto"),
+])
+def test_a_boolean_means_on_or_off_for_a_choice_that_has_them(value: object, expected: str) -> None:
+    """``instrument(gpu=True)`` is ``gpu="on"``: a choice that includes on/off reads booleans and
+    their spellings (true/false, 1/0, yes/no) as on/off, from keywords and the environment."""
+    assert expected == resolve({"gpu": value}, {}).gpu
+    assert expected == resolve({}, {"LLMTRACE_GPU": str(value)}).gpu
+
+
+def test_any_choice_with_on_and_off_reads_booleans() -> None:
+    """Not only ``gpu``: a choice option whose values include on/off reads booleans as on/off;
+    one without them (``protocol``) still refuses a boolean."""
+    parse = _choice("off", "on", "verbose")
+    assert ("on", "off", "verbose") == (parse("x", True), parse("x", "0"), parse("x", "verbose"))
+    with pytest.raises(ConfigError, match=r"protocol: True is not one of grpc, http/protobuf, http/json$"):
+        resolve({"protocol": True}, {})
+
+
 @pytest.mark.parametrize(("options", "env", "message"), [
     ({"servce_name": "x"}, {}, r"unknown option 'servce_name' \(allowed: .*service_name"),
     ({"protocol": "udp"}, {}, r"protocol: 'udp' is not one of grpc, http/protobuf"),
     ({}, {"LLMTRACE_PROTOCOL": "udp"}, r"LLMTRACE_PROTOCOL: 'udp' is not one of grpc, http/protobuf"),
+    ({"gpu": "maybe"}, {}, r"gpu: 'maybe' is not one of auto, on, off \(or a boolean for on/off: true, false"),
     ({}, {"LLMTRACE_SAMPLE_RATIO": "1.5"}, r"LLMTRACE_SAMPLE_RATIO: '1.5' is outside the allowed range \[0.0, 1.0\]"),
     ({}, {"LLMTRACE_CAPTURE_CONTENT": "maybe"}, r"LLMTRACE_CAPTURE_CONTENT: 'maybe' is not a boolean"),
     ({"exporter": "kafka"}, {}, r"exporter: 'kafka' is not one of otlp, file:PATH, file, console, none"),
