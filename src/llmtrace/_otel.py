@@ -8,9 +8,12 @@ configured *explicitly* for llmtrace is then added to the host's provider.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
+import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +25,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricReader,
     PeriodicExportingMetricReader,
 )
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import PROCESS_PID, SERVICE_INSTANCE_ID, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
@@ -143,14 +146,69 @@ def _metric_exporter(settings: Settings, kind: str) -> MetricExporter:
     return Http(endpoint=endpoint, headers=headers, timeout=5)
 
 
+#: (pid, service.instance.id) of the process that drew the id: a fork draws a new one.
+_instance_id: tuple[int, str] = (0, "")
+
+
+def _process_identity() -> dict[str, Any]:
+    """``process.pid`` and ``service.instance.id`` of this process, which tell apart the API
+    server and engine processes of one service. The instance id is a random UUID v4 per
+    process, as the OTel resource conventions recommend; a value set in
+    ``OTEL_RESOURCE_ATTRIBUTES`` wins over either."""
+    global _instance_id
+    pid = os.getpid()
+    if _instance_id[0] != pid:
+        _instance_id = (pid, str(uuid.uuid4()))
+    user = OTELResourceDetector().detect().attributes
+    return {key: user.get(key, value) for key, value in ((PROCESS_PID, pid), (SERVICE_INSTANCE_ID, _instance_id[1]))}
+
+
 def resource_for(settings: Settings) -> Resource:
-    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES; our explicit keys win.
+    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES; our explicit keys win (the process
+    # identity carries the user's values itself).
     return Resource.create({
+        **_process_identity(),
         "service.name": settings.service_name,
         semconv.LLMTRACE_VERSION_ATTR: __version__,
         semconv.LLMTRACE_PROCESS_ROLE: settings.process_role,
         "telemetry.distro.name": "llmtrace",
     })
+
+
+def _resource_of(provider: Any) -> Resource | None:
+    if isinstance(provider, TracerProvider):
+        return provider.resource
+    config = getattr(provider, "_sdk_config", None)  # MeterProvider has no public accessor
+    return getattr(config, "resource", None)
+
+
+def _renew_identity_after_fork(*providers: Any) -> None:
+    """Give a forked child (an engine forked from the API server) its own ``process.pid`` and
+    ``service.instance.id`` on the resources of *providers*.
+
+    The child keeps the parent's providers (``instrument()`` there reuses them), and tracers,
+    the meter state and the span builder's emitters each hold the resource object itself, so
+    the objects are rewritten in place: the ones built here and the ones the providers hold
+    now. Registered once the providers exist, so that it runs after the SDK's own fork hooks,
+    which in recent SDKs merge a fresh ``service.instance.id`` over the user's.
+    """
+    if not hasattr(os, "register_at_fork"):
+        return
+    owned = [weakref.ref(provider) for provider in providers]
+    built = [weakref.ref(resource) for provider in providers if (resource := _resource_of(provider)) is not None]
+
+    def after_in_child() -> None:
+        try:
+            identity = _process_identity()
+            now = [_resource_of(provider) for ref in owned if (provider := ref()) is not None]
+            resources = {id(r): r for r in (*now, *(ref() for ref in built)) if r is not None}
+            for resource in resources.values():
+                # Resource is immutable through its API; its one attribute map is replaced.
+                resource._attributes = Resource({**resource.attributes, **identity})._attributes
+        except Exception as exc:  # noqa: BLE001 - a fork hook must never break the child
+            log.warning("llmtrace: could not renew the resource's process identity after fork: %r", exc)
+
+    os.register_at_fork(after_in_child=after_in_child)
 
 
 class _FirstOnly(logging.Filter):
@@ -229,6 +287,8 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
                                                          export_interval_millis=interval_ms))
         meter_provider = MeterProvider(resource=resource_for(settings), metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
+    _renew_identity_after_fork(*([tracer_provider] if host_tp is None else []),
+                               *([meter_provider] if host_mp is None else []))
     return Providers(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 
@@ -42,3 +45,70 @@ print(a is b, a is c)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert "True True" == out.stdout.strip()
     assert 1 == out.stderr.count("already instrumented; new options ignored")
+
+
+_TWO_PROCESSES = """
+import json, os, llmtrace
+from opentelemetry import trace
+
+def spans(name):
+    with trace.get_tracer("t").start_as_current_span(name):
+        pass
+    engine = llmtrace.EngineTracer("dp0")  # its spans go through the span builder's own emitter
+    with engine.step():
+        pass
+    engine.flush_window()
+    llmtrace.flush()
+
+llmtrace.instrument(exporter="file:{path}", gpu="off", metrics=False)
+spans("parent")
+pid = os.fork()
+if pid == 0:
+    llmtrace.instrument(exporter="file:{path}", gpu="off", metrics=False, process_role="engine")
+    spans("child")
+    llmtrace.shutdown()
+    os._exit(0)
+os.waitpid(pid, 0)
+llmtrace.shutdown()
+print(json.dumps({{"parent": os.getpid(), "child": pid}}))
+"""
+
+
+def _identities(path: Path) -> dict[str, set[tuple[str, str]]]:
+    """``{span name: {(process.pid, service.instance.id), ...}}`` read from an OTLP-JSON-lines file."""
+    found: dict[str, set[tuple[str, str]]] = {}
+    for line in path.read_text().splitlines():
+        for resource_spans in json.loads(line).get("resourceSpans", []):
+            values = {a["key"]: next(iter(a["value"].values())) for a in resource_spans["resource"]["attributes"]}
+            identity = (str(values.get("process.pid")), str(values.get("service.instance.id")))
+            for scope in resource_spans["scopeSpans"]:
+                for span in scope["spans"]:
+                    found.setdefault(span["name"], set()).add(identity)
+    return found
+
+
+def _run_two_processes(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, int], dict[str, set[tuple[str, str]]]]:
+    script = _TWO_PROCESSES.format(path=tmp_path / "t.jsonl")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
+                         env={**os.environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1]), _identities(tmp_path / "t.jsonl")
+
+
+def test_a_forked_child_has_its_own_pid_and_instance_id(tmp_path: Path) -> None:
+    """process.pid and service.instance.id (a random UUID v4 per process) tell a forked engine
+    process from the API server it was forked from, on every span either process emits."""
+    pids, found = _run_two_processes(tmp_path, {"OTEL_RESOURCE_ATTRIBUTES": ""})
+    ((parent_pid, parent_id),) = found["parent"]
+    ((child_pid, child_id),) = found["child"]
+    assert (str(pids["parent"]), str(pids["child"])) == (parent_pid, child_pid)
+    assert (4, 4) == (uuid.UUID(parent_id).version, uuid.UUID(child_id).version)
+    assert parent_id != child_id
+    assert {(parent_pid, parent_id), (child_pid, child_id)} == found["llm.step"]
+
+
+def test_an_instance_id_from_otel_resource_attributes_wins(tmp_path: Path) -> None:
+    """A service.instance.id set in OTEL_RESOURCE_ATTRIBUTES is kept, in a forked child too;
+    process.pid stays each process's own."""
+    pids, found = _run_two_processes(tmp_path, {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=replica-7"})
+    assert {(str(pids["parent"]), "replica-7")} == found["parent"]
+    assert {(str(pids["child"]), "replica-7")} == found["child"]
