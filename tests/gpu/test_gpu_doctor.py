@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import json
+import os
 import socket
 import types
 from collections.abc import Iterator
@@ -15,7 +16,9 @@ from collections.abc import Iterator
 import pytest
 from gpu_recorded import RecordedBackend
 
-from llmtrace.gpu.doctor import INTEGRATIONS, collect, render, resolve_endpoint, run_doctor
+from llmtrace.cli import main
+from llmtrace.cli._doctor import run_doctor
+from llmtrace.gpu.doctor import INTEGRATIONS, collect, render, resolve_endpoint
 
 
 def _has_nvml_library() -> bool:
@@ -24,6 +27,14 @@ def _has_nvml_library() -> bool:
     except OSError:
         return False
     return True
+
+
+@pytest.fixture(autouse=True)
+def unconfigured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No llmtrace or OTLP setting from the environment running the tests."""
+    for name in list(os.environ):
+        if name.startswith(("LLMTRACE_", "OTEL_")):
+            monkeypatch.delenv(name)
 
 
 @pytest.fixture
@@ -46,12 +57,12 @@ def _closed_port() -> int:
 def test_json_shape_and_exit_status_with_a_reachable_collector(
     listener: socket.socket, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--json prints one object with nvml/collector/integrations; exit 0 when the collector answers."""
+    """--json prints one object with nvml/exporters/collector/integrations; exit 0 when the collector answers."""
     port = listener.getsockname()[1]
     code = run_doctor(types.SimpleNamespace(json=True, endpoint=f"http://127.0.0.1:{port}"))
     report = json.loads(capsys.readouterr().out)
     assert 0 == code
-    assert {"llmtrace", "nvml", "collector", "integrations"} == set(report)
+    assert {"llmtrace", "nvml", "exporters", "collector", "integrations"} == set(report)
     assert {
         "library_found",
         "driver_version",
@@ -78,6 +89,38 @@ def test_human_report_on_this_cpu_machine_names_the_missing_library(
     assert "no_nvml_library" in text
     assert "UNREACHABLE" in text
     assert f"torch                {importlib.metadata.version('torch')}" in text
+
+
+def test_with_no_endpoint_the_report_names_the_trace_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing configured: spans go to the embedded default file, and the doctor says so instead
+    of reporting an unreachable collector nobody asked for; exit 0."""
+    code = main(["doctor"])
+    text = capsys.readouterr().out
+    assert 0 == code
+    assert "Traces to:         file llmtrace-traces.jsonl (in the traced process's working directory)" in text
+    assert "Collector:         none configured" in text
+    assert "UNREACHABLE" not in text
+
+
+def test_the_report_follows_llmtrace_exporter(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """LLMTRACE_EXPORTER=file:PATH is where spans go; --json has the exporters and no collector."""
+    monkeypatch.setenv("LLMTRACE_EXPORTER", "file:/var/tmp/traces.jsonl")
+    code = main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert (0, ["file:/var/tmp/traces.jsonl"], None) == (code, report["exporters"], report["collector"])
+
+
+def test_an_endpoint_from_the_environment_is_still_checked(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """LLMTRACE_ENDPOINT set: spans go over OTLP, and a collector that refuses connections is
+    UNREACHABLE with exit 1."""
+    monkeypatch.setenv("LLMTRACE_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    code = main(["doctor"])
+    text = capsys.readouterr().out
+    assert 1 == code
+    assert "Traces to:         the OTLP collector below" in text
+    assert "UNREACHABLE" in text
 
 
 def test_device_section_lists_mapping_and_supported_queries() -> None:

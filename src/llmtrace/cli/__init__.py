@@ -29,7 +29,7 @@ examples:
   llmtrace analyze traces.jsonl --json summary.json         # versioned JSON for CI / compare
   llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
   llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
-  llmtrace doctor                                           # NVML, collector, integrations
+  llmtrace doctor                                           # NVML, where spans go, integrations
 """
 
 _ANALYZE_EPILOG = """\
@@ -204,13 +204,13 @@ def _add_demo(sub: Any) -> None:
 def _add_doctor(sub: Any) -> None:
     p = sub.add_parser(
         "doctor",
-        help="check NVML, the collector endpoint and installed integrations",
+        help="check NVML, where spans go (a file, or a reachable collector) and installed integrations",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  llmtrace doctor\n  llmtrace doctor --endpoint http://otel:4317 --json\n",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--endpoint", metavar="URL", help="OTLP endpoint to check (default: from the environment)")
-    p.set_defaults(func=_lazy("llmtrace.gpu.doctor", "run_doctor"))
+    p.set_defaults(func=_lazy("llmtrace.cli._doctor", "run_doctor"))
 
 
 def _lazy(module: str, attr: str) -> Callable[[argparse.Namespace], int]:

@@ -14,5 +14,5 @@ Entry points:
 * :func:`~llmtrace.gpu.metrics.register_gpu_metrics`;
 * :class:`~llmtrace.gpu.cuda_timing.ForwardTimer`,
   :func:`~llmtrace.gpu.cuda_timing.torch_memory_attributes`;
-* :func:`~llmtrace.gpu.doctor.run_doctor`.
+* :func:`~llmtrace.gpu.doctor.collect` and ``render``: the report of ``llmtrace doctor``.
 """

@@ -2,29 +2,28 @@
 
 Reports the NVML library and driver, the GPUs and how ``CUDA_VISIBLE_DEVICES`` maps them
 to this process, which NVML queries each mapped device answers (and how long each
-takes), whether the OTLP collector accepts a TCP connection, and the installed versions
-of the libraries llmtrace integrates with. Human text by default, ``--json`` for tools.
+takes), where the spans go — a file, or an OTLP collector, checked for a TCP
+connection — and the installed versions of the libraries llmtrace integrates with.
+The command itself (``llmtrace.cli._doctor``) resolves the configuration and prints.
 
-Exit status: 0, or 1 when the collector is unreachable (spans would be dropped). No GPU
-is not an error: it is reported, and llmtrace works without one.
+No GPU is not an error: it is reported, and llmtrace works without one.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import socket
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llmtrace.gpu._queries import QUERIES
 from llmtrace.gpu.backend import NvmlBackend, NvmlUnavailable, PynvmlBackend, QueryNotSupported
 from llmtrace.gpu.devices import resolve_devices
 
-__all__ = ["INTEGRATIONS", "collect", "probe_queries", "render", "resolve_endpoint", "run_doctor"]
+__all__ = ["INTEGRATIONS", "collect", "probe_queries", "render", "resolve_endpoint"]
 
 INTEGRATIONS = (
     "torch",
@@ -154,19 +153,27 @@ def _integrations() -> dict[str, str | None]:
 def collect(
     endpoint: str | None = None,
     *,
+    exporters: Sequence[str] = ("otlp",),
     backend: NvmlBackend | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Everything the doctor reports, as a JSON-ready dict."""
+    """Everything the doctor reports, as a JSON-ready dict.
+
+    *exporters* are where llmtrace sends spans (``Settings.exporters``: ``otlp``,
+    ``file:PATH``, ``console``); the collector is checked when one of them is ``otlp`` or
+    *endpoint* names one, else ``"collector"`` is None.
+    """
     env = os.environ if environ is None else environ
     try:
         version = importlib.metadata.version("llmtrace")
     except importlib.metadata.PackageNotFoundError:
         version = None
+    checked = endpoint is not None or "otlp" in exporters
     return {
         "llmtrace": version,
         "nvml": _nvml_section(backend if backend is not None else PynvmlBackend(), env),
-        "collector": _collector_section(endpoint, env),
+        "exporters": list(exporters),
+        "collector": _collector_section(endpoint, env) if checked else None,
         "integrations": _integrations(),
     }
 
@@ -192,23 +199,32 @@ def _render_nvml(nvml: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _render_export(exporters: Sequence[str], col: Mapping[str, Any] | None) -> list[str]:
+    lines = []
+    for kind in exporters:
+        if kind.startswith("file:"):
+            path = kind[5:]
+            where = "" if os.path.isabs(path) else " (in the traced process's working directory)"
+            lines.append(f"Traces to:         file {path}{where}")
+        elif kind == "console":
+            lines.append("Traces to:         stderr (console exporter)")
+        else:
+            lines.append("Traces to:         the OTLP collector below")
+    if not exporters:
+        lines.append("Traces to:         nowhere (exporter none)")
+    if col is None:
+        lines.append("Collector:         none configured (LLMTRACE_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT sets one)")
+    else:
+        state = f"reachable ({col.get('connect_ms')} ms)" if col["reachable"] else f"UNREACHABLE ({col['error']})"
+        lines.append(f"Collector {col['host']}:{col['port']} ({col['endpoint']}): {state}")
+    return lines
+
+
 def render(report: Mapping[str, Any]) -> str:
     """The human-readable report."""
     lines = [f"llmtrace {report['llmtrace'] or '(not installed)'} doctor", ""]
     lines += _render_nvml(report["nvml"])
-    col = report["collector"]
-    state = f"reachable ({col.get('connect_ms')} ms)" if col["reachable"] else f"UNREACHABLE ({col['error']})"
-    lines += ["", f"Collector {col['host']}:{col['port']} ({col['endpoint']}): {state}", "", "Integrations:"]
+    lines += ["", *_render_export(report["exporters"], report["collector"]), "", "Integrations:"]
     for dist, version in report["integrations"].items():
         lines.append(f"  {dist:<20} {version or '-'}")
     return "\n".join(lines)
-
-
-def run_doctor(args: Any) -> int:
-    """Entry point for ``llmtrace doctor`` (``args.json``, ``args.endpoint``)."""
-    report = collect(getattr(args, "endpoint", None))
-    if getattr(args, "json", False):
-        print(json.dumps(report, indent=2, sort_keys=True, default=str))
-    else:
-        print(render(report))
-    return 0 if report["collector"]["reachable"] else 1
