@@ -12,7 +12,7 @@ import pytest
 
 from llmtrace.analysis.errors import EmptySourceError, SourceError
 from llmtrace.analysis.model import SpanKind, StatusCode
-from llmtrace.analysis.sources import load_spans
+from llmtrace.analysis.sources import ReadStats, iter_file_spans, load_spans
 
 TID = "0af7651916cd43dd8448eb211c80319c"
 SID = "b7ad6b7169203331"
@@ -90,12 +90,24 @@ def test_enum_names_and_base64_ids_are_accepted(tmp_path: Path) -> None:
     assert (s.trace_id, s.span_id, s.kind, s.status) == (TID, SID, SpanKind.SERVER, StatusCode.OK)
 
 
-def test_metrics_lines_are_skipped_with_a_warning(tmp_path: Path) -> None:
-    """A collector file exporter line with resourceMetrics is skipped, not an error."""
+def test_metrics_lines_are_expected_and_skipped_quietly(tmp_path: Path) -> None:
+    """llmtrace writes its metrics into the trace file: a resourceMetrics line is skipped and
+    counted, without a warning."""
     metrics = {"resourceMetrics": [{"resource": {}, "scopeMetrics": []}]}
-    loaded = load_spans(write_lines(tmp_path / "t.jsonl", [metrics, doc(otlp_span())]))
+    path = write_lines(tmp_path / "t.jsonl", [metrics, doc(otlp_span()), metrics])
+    loaded = load_spans(path)
+    stats = ReadStats()
+    list(iter_file_spans(path, stats=stats))
+    assert (1, [], {"metrics": 2}) == (len(loaded.spans), loaded.warnings, stats.skipped)
+
+
+def test_logs_lines_are_skipped_with_a_warning(tmp_path: Path) -> None:
+    """A resourceLogs line (a collector file exporter shared with a logs pipeline) is skipped,
+    not an error, and the warning counts it."""
+    logs = {"resourceLogs": [{"resource": {}, "scopeLogs": []}]}
+    loaded = load_spans(write_lines(tmp_path / "t.jsonl", [logs, doc(otlp_span())]))
     assert 1 == len(loaded.spans)
-    assert ["skipped 1 metrics document(s)"] == [w.split(": ", 1)[1] for w in loaded.warnings]
+    assert ["skipped 1 logs document(s)"] == [w.split(": ", 1)[1] for w in loaded.warnings]
 
 
 def test_whole_file_pretty_printed_document(tmp_path: Path) -> None:

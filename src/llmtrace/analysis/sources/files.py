@@ -5,8 +5,9 @@ Format detection reads the first line: if it is a complete JSON object the file 
 line by line (streaming, constant memory beyond the spans themselves — the file exporters
 write one ``ExportTraceServiceRequest`` per line); otherwise the whole file is one document
 or a sequence of concatenated documents. Lines holding metrics or logs (``resourceMetrics``,
-``resourceLogs``: the collector's file exporter may share a file between pipelines) are
-skipped and counted.
+``resourceLogs``) are skipped and counted. Metrics lines are expected — llmtrace's file
+exporter writes its metrics into the trace file — so only logs lines (a collector file
+exporter shared between pipelines) earn a warning.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
 from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
 
 ProgressFn = Callable[[int, int], None]
+#: Skipped without a warning: llmtrace's own file holds its metrics between the spans.
+_EXPECTED_SKIPS = frozenset({"metrics"})
 _GZIP_MAGIC = b"\x1f\x8b"
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class ReadStats:
-    """Counters a read leaves behind for warnings (skipped lines, unknown span kinds)."""
+    """Counters a read leaves behind (documents skipped, by kind; unknown span kinds), and the
+    warnings they make."""
 
     __slots__ = ("documents", "skipped", "spans", "unknown_kinds")
 
@@ -45,7 +49,8 @@ class ReadStats:
         self.unknown_kinds: set[Any] = set()
 
     def warnings(self, source: str) -> list[str]:
-        out = [f"{source}: skipped {n} {kind} document(s)" for kind, n in sorted(self.skipped.items())]
+        out = [f"{source}: skipped {n} {kind} document(s)"
+               for kind, n in sorted(self.skipped.items()) if kind not in _EXPECTED_SKIPS]
         if self.unknown_kinds:
             kinds = ", ".join(sorted(map(str, self.unknown_kinds)))
             out.append(f"{source}: unknown span kind(s) {kinds} read as UNSPECIFIED")
