@@ -1,13 +1,14 @@
 """``llmtrace demo``: the reference server, traced, under a bounded load — then the analysis.
 
-1. instruments this process (traces to ``--output``, and to OTLP too when an
-   endpoint is configured), starts the reference server on a free loopback port
-   (API front end here, engine in its own process);
+1. instruments this process (spans where ``LLMTRACE_EXPORTER`` sends them when it is
+   set, else to the ``--output`` file and to OTLP too when an endpoint is configured:
+   :func:`demo_export`), starts the reference server on a free loopback port (API front
+   end here, engine in its own process, which exports to the same places);
 2. drives a self-stopping load over loopback: a steady Poisson stream, a burst
    that overfills the KV-cache budget (so preemption happens), then long-tail
    prompt lengths; a few clients disconnect mid-stream;
 3. stops the server (the engine flushes its spans), then runs ``llmtrace analyze``
-   on what was recorded.
+   on the file this run wrote, or says where the spans went when no file has them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from llmtrace.config import resolve
 
 #: Requests per second of the steady and long-tail phases; the 2-core reference engine
 #: serves ~5-10/s, so the burst on top of it builds a queue.
@@ -119,9 +123,44 @@ async def drive_load(base_url: str, plan: list[PlannedRequest], concurrency: int
     return outcomes
 
 
-def _exporters(output: str) -> str:
-    configured = os.environ.get("LLMTRACE_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    return f"file:{output}" + (",otlp" if configured else "")
+@dataclass(frozen=True)
+class DemoExport:
+    """Where the demo's spans go: the ``exporter`` option of both processes, the file the
+    analysis reads (None: none has them) and whether the demo owns that file."""
+
+    exporter: str
+    file: str | None
+    #: The demo's own file is replaced; a file the user named in LLMTRACE_EXPORTER is appended
+    #: to (it may hold a service's traces), and only this run's traces in it are analysed.
+    replace: bool
+    endpoint: str | None = None
+
+    def describe(self) -> str:
+        """Where the spans go, in words: ``file /abs/x.jsonl and OTLP http://collector:4317``."""
+        places = [self._place(item) for item in self.exporter.split(",") if item != "none"]
+        return " and ".join(places) or "nowhere (LLMTRACE_EXPORTER=none)"
+
+    def _place(self, item: str) -> str:
+        if item.startswith("file:"):
+            return f"file {item[5:]}"
+        if item == "otlp":
+            return f"OTLP {self.endpoint or '(the default endpoint)'}"
+        return item
+
+
+def demo_export(output: str | None, environ: Mapping[str, str]) -> DemoExport:
+    """``--output`` names the file (the user's other exporters, e.g. ``otlp``, are kept); without
+    it, ``LLMTRACE_EXPORTER`` is honoured as it stands; with neither, the demo's own file, and
+    OTLP too when an endpoint is configured. Paths are made absolute for the engine process."""
+    settings = resolve({}, environ)  # an invalid variable stops the demo here, before it starts
+    if output is None and environ.get("LLMTRACE_EXPORTER"):
+        exporters = [f"file:{os.path.abspath(item[5:])}" if item.startswith("file:") else item
+                     for item in settings.exporters]
+        path = os.path.abspath(settings.export_file) if settings.export_file else None
+        return DemoExport(",".join(exporters) or "none", path, replace=False, endpoint=settings.endpoint)
+    path = os.path.abspath(output or DEFAULT_OUTPUT)
+    others = [item for item in settings.exporters if not item.startswith("file:")]
+    return DemoExport(",".join([f"file:{path}", *others]), path, replace=True, endpoint=settings.endpoint)
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -131,14 +170,15 @@ def run_demo(args: argparse.Namespace) -> int:
     from llmtrace.server.app import create_app
     from llmtrace.server.runner import ServerThread
 
-    output = os.path.abspath(args.output or DEFAULT_OUTPUT)
-    if os.path.exists(output):
-        os.remove(output)  # the analysis must see this run only
+    export = demo_export(args.output, os.environ)
+    if export.replace and export.file is not None and os.path.exists(export.file):
+        os.remove(export.file)  # the analysis must see this run only
+    started_ns = time.time_ns()
     os.environ.setdefault("LLMTRACE_QUIET", "1")
-    llmtrace.instrument(exporter=_exporters(output), service_name="llmtrace-demo", metrics_interval_s=5.0)
+    llmtrace.instrument(exporter=export.exporter, service_name="llmtrace-demo", metrics_interval_s=5.0)
     plan = plan_load(args.duration_s, args.requests)
     print(f"llmtrace demo: {len(plan)} requests over ~{args.duration_s:.0f}s "
-          f"(steady, a burst of {BURST_SIZE}, long-tail prompts); traces -> {output}", file=sys.stderr)
+          f"(steady, a burst of {BURST_SIZE}, long-tail prompts); traces -> {export.describe()}", file=sys.stderr)
     print("starting the reference server (API front end + engine process)...", file=sys.stderr)
     server = ServerThread(create_app(DEMO_ENGINE))
     base_url = server.start()
@@ -153,16 +193,29 @@ def run_demo(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     print(f"load done in {elapsed:.1f}s: {json.dumps(outcomes, sort_keys=True)}", file=sys.stderr)
     llmtrace.shutdown(timeout_s=10.0)
+    return _analyse(export, args, started_ns)
+
+
+def _analyse(export: DemoExport, args: argparse.Namespace, started_ns: int) -> int:
+    """``llmtrace analyze`` on this run's traces in the file, or where they went instead."""
+    if export.file is None:
+        print(f"traces: sent to {export.describe()}; no file holds them, so there is nothing to analyse here "
+              "(a Jaeger behind the collector: llmtrace analyze http://JAEGER:16686 --service llmtrace-demo; "
+              "or add a file: --output demo.jsonl)")
+        return 0
+    # A file that also holds earlier traces: this run's start on.
+    since = [] if export.replace else ["--since", f"{started_ns / 1e9:.6f}"]
+    command = " ".join(["llmtrace analyze", export.file, *since])
     if args.no_analysis:
-        print(f"traces: {output}\nanalyse them with: llmtrace analyze {output}")
+        print(f"traces: {export.file}\nanalyse them with: {command}")
         return 0
     from llmtrace.cli import build_parser
 
-    argv = ["analyze", output]
+    argv = ["analyze", export.file, *since]
     for flag, value in (("--json", args.json), ("--html", args.html)):
         if value:
             argv += [flag, value]
     analyze_args = build_parser().parse_args(argv)
     code: int = analyze_args.func(analyze_args)
-    print(f"\ntraces: {output}  (llmtrace analyze {output} --html report.html)")
+    print(f"\ntraces: {export.file}  ({command} --html report.html)")
     return code

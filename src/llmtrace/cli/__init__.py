@@ -162,10 +162,11 @@ It starts llmtrace's reference server on loopback — an OpenAI-compatible FastA
 a continuous-batching engine in its own process, running a random-weight GPT-2 with a KV-cache
 budget small enough that bursts force preemption — instruments both with llmtrace, and sends
 it a bounded load: a steady stream, a burst, long-tail prompt lengths, a few clients that hang
-up mid-stream. Every span goes to an OTLP JSON lines file (and also to an OTLP collector when
-OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set); then the report of `llmtrace
-analyze` on that file is printed: latency, phase breakdown, critical path, GPU idle gaps,
-the bottleneck and anomalies."""
+up mid-stream. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
+collector when OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set) — or, without
+--output, where LLMTRACE_EXPORTER sends it when that is set. Then the report of `llmtrace
+analyze` on this run's spans in the file is printed: latency, phase breakdown, critical path,
+GPU idle gaps, the bottleneck and anomalies (with no file, the demo says where they went)."""
 
 _DEMO_EPILOG = """\
 examples:
@@ -173,6 +174,7 @@ examples:
   llmtrace demo --duration-s 10                             # a quick look
   llmtrace demo --duration-s 30 --concurrency 8 --html demo.html
   OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4317 llmtrace demo   # also to Jaeger via the collector
+  LLMTRACE_EXPORTER=file:run.jsonl,otlp llmtrace demo              # appended to run.jsonl, and OTLP
   llmtrace analyze llmtrace-demo-traces.jsonl --json summary.json   # the traces again, later
 """
 
@@ -194,7 +196,8 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--requests", type=_POSITIVE_INT, default=None, help="stop after this many requests")
     p.add_argument("--concurrency", type=_POSITIVE_INT, default=32, help="most requests in flight at once (default 32)")
     p.add_argument("--output", metavar="PATH", default=None,
-                   help="trace file to write, OTLP JSON lines (default llmtrace-demo-traces.jsonl; replaced)")
+                   help="trace file to write, OTLP JSON lines, replaced (default: the file of LLMTRACE_EXPORTER "
+                        "when that is set, appended to; else llmtrace-demo-traces.jsonl)")
     p.add_argument("--no-analysis", action="store_true", help="only produce traces")
     p.add_argument("--html", metavar="PATH", help="write the HTML report")
     p.add_argument("--json", metavar="PATH", help="write the JSON summary")

@@ -1,0 +1,86 @@
+"""``llmtrace demo``: where its spans go (``--output``, ``LLMTRACE_EXPORTER``, an endpoint) and
+what its report says, down to one real run of the reference server."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmtrace.config import ConfigError
+from llmtrace.demo import DemoExport, demo_export
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "reference_server.jsonl.gz"
+
+
+@pytest.mark.parametrize(("output", "env", "expected"), [
+    (None, {}, DemoExport("file:{d}/llmtrace-demo-traces.jsonl", "{d}/llmtrace-demo-traces.jsonl", True)),
+    (None, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"},
+     DemoExport("file:{d}/llmtrace-demo-traces.jsonl,otlp", "{d}/llmtrace-demo-traces.jsonl", True, "http://c:4317")),
+    (None, {"LLMTRACE_EXPORTER": "otlp", "LLMTRACE_ENDPOINT": "http://c:4317"},
+     DemoExport("otlp", None, False, "http://c:4317")),
+    (None, {"LLMTRACE_EXPORTER": "file:run.jsonl,otlp"}, DemoExport("file:{d}/run.jsonl,otlp", "{d}/run.jsonl", False)),
+    (None, {"LLMTRACE_EXPORTER": "file", "LLMTRACE_FILE_PATH": "svc.jsonl"},
+     DemoExport("file:{d}/svc.jsonl", "{d}/svc.jsonl", False)),
+    ("out.jsonl", {"LLMTRACE_EXPORTER": "file:run.jsonl,otlp"},
+     DemoExport("file:{d}/out.jsonl,otlp", "{d}/out.jsonl", True)),
+])
+def test_the_demo_exports_where_the_user_configured(output: str | None, env: dict[str, str], expected: DemoExport,
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --output, LLMTRACE_EXPORTER is honoured as it stands (its file appended to, not
+    replaced); --output names the file and keeps the user's other exporters; with neither, the
+    demo's own file, plus OTLP when an endpoint is set."""
+    monkeypatch.chdir(tmp_path)
+    d = str(tmp_path)
+    want = DemoExport(expected.exporter.format(d=d), expected.file and expected.file.format(d=d),
+                      expected.replace, expected.endpoint)
+    assert want == demo_export(output, env)
+
+
+def test_the_demo_says_where_spans_go_that_no_file_holds() -> None:
+    """With only OTLP there is no file to analyse: the demo names the endpoint instead."""
+    export = demo_export(None, {"LLMTRACE_EXPORTER": "otlp", "LLMTRACE_ENDPOINT": "http://collector:4317"})
+    assert "OTLP http://collector:4317" == export.describe()
+
+
+def test_an_invalid_llmtrace_exporter_stops_the_demo_before_it_starts() -> None:
+    """The same ConfigError as instrument() would raise, naming the variable."""
+    with pytest.raises(ConfigError, match="LLMTRACE_EXPORTER: 'kafka' is not one of"):
+        demo_export(None, {"LLMTRACE_EXPORTER": "kafka"})
+
+
+def _roles(path: Path) -> set[str]:
+    roles = set()
+    for line in path.read_text().splitlines():
+        for resource_spans in json.loads(line).get("resourceSpans", []):
+            for attribute in resource_spans["resource"]["attributes"]:
+                if "llmtrace.process.role" == attribute["key"]:
+                    roles.add(attribute["value"]["stringValue"])
+    return roles
+
+
+@pytest.mark.torch
+def test_a_demo_run_writes_to_the_llmtrace_exporter_file_and_analyses_this_run(tmp_path: Path) -> None:
+    """LLMTRACE_EXPORTER=file:run.jsonl holding an earlier run: both demo processes append to it,
+    the report covers this run's requests only, and it does not warn about the metrics lines
+    llmtrace writes into the same file."""
+    run = tmp_path / "run.jsonl"
+    run.write_bytes(gzip.decompress(FIXTURE.read_bytes()))  # an earlier run (its own metrics lines too)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMTRACE_", "OTEL_"))}
+    out = subprocess.run(
+        [sys.executable, "-m", "llmtrace.cli", "demo", "--duration-s", "2", "--requests", "6",
+         "--concurrency", "3", "--json", "summary.json"],
+        cwd=tmp_path, env={**env, "LLMTRACE_EXPORTER": f"file:{run}"},
+        capture_output=True, text=True, timeout=240, check=True,
+    )
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 6 == summary["requests"]["count"]
+    assert [] == summary["source"]["warnings"]
+    assert "skipped" not in out.stdout + out.stderr
+    assert {"api-server", "engine"} <= _roles(run)
+    assert not (tmp_path / "llmtrace-demo-traces.jsonl").exists()
