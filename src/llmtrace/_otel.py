@@ -46,6 +46,7 @@ from llmtrace._export import (
     OtlpHttpJsonSpanExporter,
     open_sink,
 )
+from llmtrace._histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
 from llmtrace._version import __version__
 from llmtrace.config import Settings
 
@@ -60,8 +61,15 @@ class LLMTraceSampler(Sampler):
     """
 
     def __init__(self, ratio: float) -> None:
-        self._requests = ParentBased(TraceIdRatioBased(ratio))
+        root = TraceIdRatioBased(ratio)
+        self._requests = ParentBased(root)
         self._ratio = ratio
+        self._bound = root.bound
+
+    def samples_root(self, trace_id: int) -> bool:
+        """The decision :meth:`should_sample` makes for a request with no parent, without its
+        result objects: llmtrace's own SERVER span asks this once per HTTP call."""
+        return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
 
     def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
                       attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
@@ -84,6 +92,9 @@ class Providers:
     drops: ExportStats
     processors: list[SpanProcessor] = field(default_factory=list)
     readers: list[MetricReader] = field(default_factory=list)
+    #: llmtrace's in-process histograms, merged into each export of an owned MeterProvider
+    #: (None: the host's provider, or a delta exporter — histograms go through the SDK).
+    histograms: HistogramRegistry | None = None
 
 
 def _host_provider(current: Any, sdk_type: type) -> Any | None:
@@ -280,12 +291,17 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
 
     readers: list[MetricReader] = []
     meter_provider: Any = host_mp
+    histograms: HistogramRegistry | None = None
     if host_mp is None:
-        for kind in settings.exporters if settings.metrics else []:
-            interval_ms = settings.metrics_interval_s * 1000
-            readers.append(PeriodicExportingMetricReader(_metric_exporter(settings, kind),
-                                                         export_interval_millis=interval_ms))
-        meter_provider = MeterProvider(resource=resource_for(settings), metric_readers=readers)
+        resource = resource_for(settings)
+        exporters = [_metric_exporter(settings, kind) for kind in (settings.exporters if settings.metrics else [])]
+        if all(prefers_cumulative(exporter) for exporter in exporters):
+            histograms = HistogramRegistry(resource)
+            exporters = [MergingMetricExporter(exporter, histograms) for exporter in exporters]
+        interval_ms = settings.metrics_interval_s * 1000
+        readers = [PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms)
+                   for exporter in exporters]
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
         metrics.set_meter_provider(meter_provider)
     _renew_identity_after_fork(*([tracer_provider] if host_tp is None else []),
                                *([meter_provider] if host_mp is None else []))
@@ -297,6 +313,7 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
         drops=drops,
         processors=processors,
         readers=readers,
+        histograms=histograms,
     )
 
 

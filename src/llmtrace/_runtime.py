@@ -16,6 +16,7 @@ from llmtrace._version import __version__
 from llmtrace.config import Settings
 
 if TYPE_CHECKING:
+    from llmtrace._http_metrics import HttpServerMetrics
     from llmtrace._otel import Providers
     from llmtrace.metrics import ServingMetrics
 
@@ -27,6 +28,7 @@ class Runtime:
     settings: Settings
     providers: Providers | None
     metrics: ServingMetrics | None
+    http_metrics: HttpServerMetrics | None = None
 
 
 _DEFAULT = Runtime(settings=Settings(), providers=None, metrics=None)
@@ -74,3 +76,7 @@ def tracer() -> trace.Tracer:
 
 def serving_metrics() -> ServingMetrics | None:
     return _current.metrics
+
+
+def http_metrics() -> HttpServerMetrics | None:
+    return _current.http_metrics

@@ -28,6 +28,7 @@ from llmtrace.errors import ConfigError
 ENV_PREFIX = "LLMTRACE_"
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 GPU_MODES = ("auto", "on", "off")
+SERVER_SPAN_MODES = ("llmtrace", "otel", "off")
 #: Every integration llmtrace knows; each is enabled by default when its library is importable.
 KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "starlette", "aiohttp", "grpc", "vllm")
 #: Written in the working directory when no endpoint is configured: the embedded default.
@@ -184,6 +185,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("gc_spans", _bool, True, "Emit `llm.gc` spans for garbage-collector pauses in engine windows."),
     Option("process_role", _str, "api-server",
            "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
+    Option("server_spans", _choice(*SERVER_SPAN_MODES), "llmtrace",
+           "Who makes the HTTP SERVER span of an ASGI app (FastAPI, Starlette, vLLM's API server): "
+           "`llmtrace` (its own, built off the request path; the `http.server.*` metrics for every "
+           "request), `otel` (OpenTelemetry's ASGI/FastAPI middleware, exactly as that package emits it) "
+           "or `off` (no SERVER span, no HTTP metrics). An app the host already instrumented with "
+           "OpenTelemetry keeps that span in every mode; llmtrace joins it."),
+    Option("excluded_urls", _opt_str, None,
+           "Comma-separated regular expressions; an HTTP call whose URL matches one gets no SERVER span and "
+           "no HTTP metrics (health checks). Added to `OTEL_PYTHON_EXCLUDED_URLS` and "
+           "`OTEL_PYTHON_FASTAPI_EXCLUDED_URLS` / `OTEL_PYTHON_STARLETTE_EXCLUDED_URLS`, which are honoured too."),
+    Option("response_headers", _bool, True,
+           "On every traced HTTP response, a `traceresponse` header (W3C Trace Context Level 2) naming the "
+           "trace, and on a non-streamed one `Server-Timing` with queue/prefill/decode/TTFT where known."),
 )
 _BY_NAME = {option.name: option for option in OPTIONS}
 
@@ -214,6 +228,9 @@ class Settings:
     max_queue_size: int = 8192
     gc_spans: bool = True
     process_role: str = "api-server"
+    server_spans: str = "llmtrace"
+    excluded_urls: str | None = None
+    response_headers: bool = True
 
     def integration_enabled(self, name: str) -> bool:
         if name in self.disable:

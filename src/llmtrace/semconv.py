@@ -142,6 +142,33 @@ HW_GPU_NAME: Final = "hw.gpu.name"  # metric attribute: the product name, e.g. "
 HW_GPU_ECC_UNCORRECTED: Final = "hw.gpu.ecc.uncorrected"  # volatile uncorrected ECC errors, count
 HW_GPU_PERFORMANCE_STATE: Final = "hw.gpu.performance_state"  # P-state, 0 (max) .. 15
 # ---- end GPU additions
+# ------------------------------------------------------------------- HTTP server (stable semconv)
+# llmtrace's own SERVER span and HTTP metrics use the stable HTTP semantic conventions,
+# the names OpenTelemetry's instrumentations emit with OTEL_SEMCONV_STABILITY_OPT_IN=http.
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+HTTP_ROUTE: Final = "http.route"
+URL_PATH: Final = "url.path"
+URL_QUERY: Final = "url.query"
+URL_SCHEME: Final = "url.scheme"
+SERVER_ADDRESS: Final = "server.address"
+SERVER_PORT: Final = "server.port"
+CLIENT_ADDRESS: Final = "client.address"
+CLIENT_PORT: Final = "client.port"
+NETWORK_PROTOCOL_VERSION: Final = "network.protocol.version"
+USER_AGENT_ORIGINAL: Final = "user_agent.original"
+ERROR_TYPE: Final = "error.type"
+ERROR_TYPE_OTHER: Final = "_OTHER"
+METRIC_HTTP_SERVER_DURATION: Final = "http.server.request.duration"
+METRIC_HTTP_SERVER_ACTIVE_REQUESTS: Final = "http.server.active_requests"
+#: The HTTP semantic conventions' bucket advice for http.server.request.duration (seconds).
+HTTP_SERVER_DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+#: Response headers that link a response to its trace (W3C Trace Context Level 2, Server Timing).
+HEADER_TRACERESPONSE: Final = "traceresponse"
+HEADER_SERVER_TIMING: Final = "server-timing"
+HEADER_EXPOSE_HEADERS: Final = "access-control-expose-headers"
+
 # ------------------------------------------------------------------- resource
 LLMTRACE_VERSION_ATTR: Final = "llmtrace.version"
 LLMTRACE_PROCESS_ROLE: Final = "llmtrace.process.role"  # api-server | engine | worker

@@ -1,6 +1,7 @@
-"""ASGI, shared by the FastAPI and Starlette integrations: llmtrace's middleware inside
-OTel's ``OpenTelemetryMiddleware``, the hook that puts it there, and pure helpers over ASGI
-messages.
+"""ASGI, shared by the FastAPI and Starlette integrations: llmtrace's scope middleware, which
+runs inside a SERVER span someone else made (OTel's ``OpenTelemetryMiddleware``, when the host
+or ``server_spans="otel"`` chose it), the hook that puts it there, and pure helpers over ASGI
+messages. llmtrace's own SERVER span is ``_asgi_server``.
 
 The middleware runs in the SERVER span's context and wraps ``receive``/``send`` to see the
 first body chunk (time to first byte), the end of the response, and ``http.disconnect``
@@ -100,6 +101,20 @@ class ScopeMiddleware:
 
         await run_in_exchange(exchange, lambda: self.app(scope, traced_receive, traced_send),
                               _is_disconnect)
+
+
+def has_otel_middleware(stack: Any) -> bool:
+    """Whether a built middleware stack holds OpenTelemetry's ASGI middleware (the host added it)."""
+    try:
+        from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+    except ImportError:
+        return False
+    node, seen = stack, 0
+    while node is not None and seen < 64:  # middleware chain through ``.app``; bounded against cycles
+        if isinstance(node, OpenTelemetryMiddleware):
+            return True
+        node, seen = getattr(node, "app", None), seen + 1
+    return False
 
 
 def otel_middleware_init_wrapper(integration: str) -> Any:

@@ -1,9 +1,9 @@
 """One incoming call as the network integrations see it (ASGI, aiohttp, gRPC).
 
-Opens a :class:`~llmtrace.lifecycle.scope.ServerScope` inside the SERVER span the
-OTel instrumentation made, and adds what that instrumentation lacks: the time to
-the first byte of a streamed response, and requests ended as ``abort`` when the
-client goes away.
+Opens a :class:`~llmtrace.lifecycle.scope.ServerScope` inside the SERVER span —
+llmtrace's own (``_server_span``) or the one an OpenTelemetry instrumentation made —
+and adds what that span lacks: the time to the first byte of a streamed response, and
+requests ended as ``abort`` when the client goes away.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from llmtrace import semconv
@@ -33,13 +34,16 @@ class Exchange:
 
     __slots__ = ("_exchange_token", "_token", "complete", "scope", "span")
 
-    def __init__(self) -> None:
-        self.span = trace.get_current_span()
-        # The call arrived when the SERVER span started (before routing and body parsing).
-        started = getattr(self.span, "start_time", None)
-        offset = offset_ns()
-        arrival = min(to_mono_ns(started, offset), monotonic_ns()) if isinstance(started, int) else None
-        self.scope = ServerScope(arrival_ns=arrival, wall_offset_ns=offset)
+    def __init__(self, span: trace.Span | None = None, arrival_ns: int | None = None, offset: int | None = None,
+                 context: otel_context.Context | None = None) -> None:
+        if span is None:  # inside a SERVER span someone else made (OpenTelemetry's middleware)
+            span = trace.get_current_span()
+            # The call arrived when the SERVER span started (before routing and body parsing).
+            started = getattr(span, "start_time", None)
+            offset = offset_ns()
+            arrival_ns = min(to_mono_ns(started, offset), monotonic_ns()) if isinstance(started, int) else None
+        self.span = span
+        self.scope = ServerScope(arrival_ns=arrival_ns, context=context, wall_offset_ns=offset)
         self.complete = False
         self._token: contextvars.Token[ServerScope | None] | None = None
         self._exchange_token: contextvars.Token[Exchange | None] | None = None

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -112,6 +112,29 @@ class SdkFinishedSpans:
         readable = cast(ReadableSpan, span)  # what open() returned
         readable._end_time = end_ns  # the SDK's own Span.end() sets exactly this
         self._processor.on_end(readable)
+
+    # ------------------------------------------------------------ a span whose ids came first
+    def new_trace_id(self) -> int:
+        return self._ids.generate_trace_id()
+
+    def new_span_id(self) -> int:
+        return self._ids.generate_span_id()
+
+    def root_flags(self, trace_id: int, name: str, kind: SpanKind) -> TraceFlags:
+        """The sampler's decision for a new trace, as the trace flags its spans carry."""
+        fast = getattr(self._sampler, "samples_root", None)
+        if fast is not None:
+            sampled = bool(fast(trace_id))
+        else:
+            decision = self._sampler.should_sample(None, trace_id, name, kind)
+            sampled = decision.decision is Decision.RECORD_AND_SAMPLE
+        return TraceFlags((TraceFlags.SAMPLED if sampled else 0) | self._random_ids)
+
+    def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start_ns: int,
+             end_ns: int, attributes: Mapping[str, Any], status: Status, events: Sequence[Event] = ()) -> None:
+        """A finished span whose context was handed out while it ran (children already point at it)."""
+        self._processor.on_end(ReadableSpan(name, context, parent, self._resource, dict(attributes), tuple(events),
+                                            (), kind, None, status, start_ns, end_ns, self._scope))
 
 
 def finished_spans(tracer: trace.Tracer) -> FinishedSpans:

@@ -185,3 +185,15 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
     elif rec.finish_reason == semconv.FINISH_ABORT:
         span.set_status(Status(StatusCode.ERROR, "aborted"))
     span.end(end_time=to_wall_ns(rec.finish_ns or rec.arrival_ns, rec.wall_offset_ns))
+
+
+def server_timing(rec: RequestHandle) -> list[tuple[str, float]]:
+    """``(name, seconds)`` of the phases known for *rec* so far — queue, prefill, decode and
+    the time to first token — for a response's ``Server-Timing`` header. The engine's own
+    summary wins where it reported one (another process measured the phases)."""
+    summary = rec.summary_in or (phase_summary(rec) if rec.queued_ns or rec.scheduled_ns else {})
+    entries = [(name, float(summary[key])) for name, key in (("queue", "queue_s"), ("prefill", "prefill_s"),
+                                                              ("decode", "decode_s")) if key in summary]
+    if rec.token_ns:
+        entries.append(("ttft", (rec.token_ns[0] - rec.arrival_ns) * NS))
+    return entries

@@ -1,10 +1,11 @@
 """Wiring of the ``fastapi`` integration.
 
-Reuses opentelemetry-instrumentation-fastapi: every ``FastAPI`` app is passed to
-``FastAPIInstrumentor.instrument_app`` when it builds its middleware stack (at its
-first request), whether it was created before or after ``instrument()``. Every
-``OpenTelemetryMiddleware`` (FastAPI's, or one a Starlette app added by hand) gets
-llmtrace's :class:`~llmtrace.integrations._asgi.ScopeMiddleware` inside it.
+Every ``FastAPI`` app gets its HTTP SERVER span when it builds its middleware stack (at
+its first request), whether it was created before or after ``instrument()``: by default
+llmtrace's own (``_asgi_server.ServerSpanMiddleware`` around the stack); with
+``server_spans="otel"`` opentelemetry-instrumentation-fastapi's ``instrument_app``. An app
+the host instrumented with OpenTelemetry keeps that span: every ``OpenTelemetryMiddleware``
+(FastAPI's, or one added by hand) gets llmtrace's scope middleware inside it instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from llmtrace import _runtime
 from llmtrace._safety import guarded
-from llmtrace.integrations import _server
+from llmtrace.integrations import _asgi_server, _server
 from llmtrace.integrations._asgi import ASGI_MIDDLEWARE_INIT, ASGI_MODULE, EXCLUDE_SPANS, otel_middleware_init_wrapper
 from llmtrace.integrations._base import Instrumentor
 from llmtrace.integrations.fastapi import _constants
@@ -41,11 +42,14 @@ def _instrument_app(app: Any) -> bool:
 
 def _build_middleware_stack_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...],
                                     kwargs: dict[str, Any]) -> Any:
-    if getattr(instance, "_is_instrumented_by_opentelemetry", False):
+    if getattr(instance, "_is_instrumented_by_opentelemetry", False) or INTEGRATION not in _server.ENABLED:
+        return wrapped(*args, **kwargs)  # the host's OpenTelemetry instrumentation makes the span
+    if _runtime.settings().server_spans == "otel":
+        if _instrument_app(instance) and getattr(instance, "_is_instrumented_by_opentelemetry", False):
+            return instance.build_middleware_stack()
         return wrapped(*args, **kwargs)
-    if _instrument_app(instance) and getattr(instance, "_is_instrumented_by_opentelemetry", False):
-        return instance.build_middleware_stack()
-    return wrapped(*args, **kwargs)
+    stack = wrapped(*args, **kwargs)
+    return _asgi_server.traced_stack(stack, INTEGRATION) or stack
 
 
 class FastAPIInstrumentor(Instrumentor):

@@ -6,12 +6,13 @@ from typing import Any, Final
 
 from llmtrace import _runtime
 from llmtrace._safety import guarded
-from llmtrace.integrations import _server
+from llmtrace.integrations import _asgi_server, _server
 from llmtrace.integrations._asgi import (
     ASGI_MIDDLEWARE_INIT,
     ASGI_MODULE,
     EXCLUDE_SPANS,
     ScopeMiddleware,
+    has_otel_middleware,
     otel_middleware_init_wrapper,
 )
 from llmtrace.integrations._base import Instrumentor
@@ -23,18 +24,6 @@ BUILD_MIDDLEWARE_STACK: Final = "Starlette.build_middleware_stack"
 
 def _is_fastapi(app: Any) -> bool:
     return any(cls.__module__.split(".", 1)[0] == "fastapi" for cls in type(app).__mro__)
-
-
-def _has_otel_middleware(stack: Any) -> bool:
-    """Whether the built stack already holds an OpenTelemetryMiddleware (added by the host)."""
-    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
-
-    node, seen = stack, 0
-    while node is not None and seen < 64:  # middleware chain through ``.app``; bounded against cycles
-        if isinstance(node, OpenTelemetryMiddleware):
-            return True
-        node, seen = getattr(node, "app", None), seen + 1
-    return False
 
 
 def route_template(app: Any, scope: dict[str, Any]) -> str | None:
@@ -50,6 +39,18 @@ def route_template(app: Any, scope: dict[str, Any]) -> str | None:
         if match == Match.PARTIAL and partial is None:  # right path, other method: a 405
             partial = getattr(route, "path", None)
     return partial
+
+
+def _route_of(app: Any) -> Any:
+    """The route of a call: from the scope where Starlette left it (>= 0.48), else matched
+    against *app*'s routes (older Starlette)."""
+
+    def route_of(scope: dict[str, Any]) -> str | None:
+        if "route" in scope:
+            return _asgi_server.scope_route(scope)
+        return route_template(app, scope)
+
+    return route_of
 
 
 def _span_details(app: Any) -> Any:
@@ -70,8 +71,8 @@ def _span_details(app: Any) -> Any:
 
 @guarded("starlette.wrap_stack")
 def _traced_stack(app: Any, stack: Any) -> Any:
-    if _has_otel_middleware(stack):
-        return stack  # the host's own OpenTelemetryMiddleware got the scope from its constructor hook
+    if _runtime.settings().server_spans != "otel" or has_otel_middleware(stack):
+        return _asgi_server.traced_stack(stack, INTEGRATION, _route_of(app))
     from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
     providers = _runtime.current().providers

@@ -1,0 +1,370 @@
+"""llmtrace's own HTTP SERVER span for ASGI apps (FastAPI, Starlette, vLLM's API server).
+
+One :class:`ServerSpanMiddleware` wraps an app's built middleware stack. Per HTTP call it
+extracts the caller's context (the global propagator, ``OTEL_PROPAGATORS``), opens the
+SERVER span's identity (``_server_span.begin``), counts the call as active, runs the app
+inside the span's context and llmtrace's server scope, and when the response is complete
+records ``http.server.request.duration`` and — only for a sampled call — hands the finished
+span to the span builder. Nothing per call allocates per body chunk: the ``send`` the app gets
+is a plain function that looks at a message's type and returns the server's own awaitable.
+
+Attributes follow the stable HTTP semantic conventions, as OpenTelemetry's ASGI middleware
+emits them with ``OTEL_SEMCONV_STABILITY_OPT_IN=http``, with one deliberate difference:
+``server.address`` is the host alone (``example.com``), as the conventions define it, where
+that middleware keeps the port in it (``example.com:8080``); the port is ``server.port``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from llmtrace import _runtime, semconv
+from llmtrace._http_metrics import OTHER_METHOD, normalize_method
+from llmtrace._safety import guarded, warn_once
+from llmtrace.integrations import _server_span
+from llmtrace.integrations._asgi import (
+    Message,
+    Receive,
+    ScopeMiddleware,
+    Send,
+    has_otel_middleware,
+    header,
+    is_disconnect,
+    is_streamed,
+)
+from llmtrace.integrations._server import ENABLED, Exchange
+from llmtrace.lifecycle.builder import BUILDER
+from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.phases import server_timing
+
+_SERVER = SpanKind.SERVER
+_UNSET = Status(StatusCode.UNSET)
+_EMPTY_CONTEXT = otel_context.Context()
+
+
+class ServerSpanMiddleware:
+    """ASGI middleware: llmtrace's SERVER span, its HTTP metrics and server scope per HTTP call."""
+
+    def __init__(self, app: Any, integration: str, excluded: re.Pattern[str] | None = None,
+                 route_of: Callable[[Message], str | None] | None = None) -> None:
+        self.app = app
+        self._integration = integration  # the integration that added it: off when that one is
+        self._excluded = excluded
+        self._route_of = route_of or scope_route
+        self._joined = ScopeMiddleware(app, integration)  # a call inside someone else's SERVER span
+        self._llmtrace_scope_middleware = True
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or self._integration not in ENABLED:
+            await self.app(scope, receive, send)
+            return
+        if self._excluded is not None and self._excluded.search(request_url(scope)):
+            await self.app(scope, receive, send)
+            return
+        if _inside_server_span():
+            await self._joined(scope, receive, send)
+            return
+        call = _open_call(scope, send, self._route_of)
+        if call is None:  # llmtrace failed to open it (logged, counted): serve untraced
+            await self.app(scope, receive, send)
+            return
+        token = otel_context.attach(call.start.context)
+        call.exchange.enter()
+        try:
+            await self.app(scope, call.receiving(receive), call.send)
+        except BaseException as exc:
+            call.failed(exc)
+            raise
+        finally:
+            call.exchange.exit()
+            otel_context.detach(token)
+            call.close()
+
+
+def _inside_server_span() -> bool:
+    span = trace.get_current_span()
+    return getattr(span, "kind", None) is _SERVER and span.get_span_context().is_valid
+
+
+@guarded("asgi.server_span", default=None)
+def _open_call(scope: Message, send: Send, route_of: Callable[[Message], str | None]) -> _Call | None:
+    return _Call(scope, send, route_of)
+
+
+class _Call:
+    """One HTTP call under llmtrace's SERVER span."""
+
+    __slots__ = ("_downstream", "_first_byte_pending", "_route_of", "_upstream", "end_ns", "error", "exchange",
+                 "method", "offset", "response_start", "scheme", "scope", "start", "start_ns", "status")
+
+    def __init__(self, scope: Message, send: Send, route_of: Callable[[Message], str | None]) -> None:
+        self.start_ns = start = monotonic_ns()
+        self.offset = offset = recent_offset_ns(start)
+        self.scope = scope
+        self.method = method = normalize_method(str(scope.get("method") or ""))
+        self.scheme = str(scope.get("scheme") or "http")
+        self._route_of = route_of
+        self.start = opened = _server_span.begin(extract_context(scope.get("headers") or ()), _span_method(method),
+                                                 start, offset)
+        self.exchange = Exchange(opened.span, start, offset, opened.context)
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self.end_ns: int | None = None
+        self.response_start: Message | None = None
+        self._first_byte_pending = True
+        self._downstream = send
+        self._upstream: Receive | None = None
+        if (metrics := _runtime.http_metrics()) is not None:
+            metrics.started(method, self.scheme)
+
+    # ----------------------------------------------------------------- the request path
+    def send(self, message: Message) -> Any:
+        """The app's ``send``: returns the server's own awaitable (no coroutine of ours per chunk)."""
+        if message.get("more_body") and not self._first_byte_pending:
+            return self._downstream(message)  # a chunk in the middle of a streamed body: nothing to note
+        kind = message.get("type")
+        if kind == "http.response.body":
+            if self._first_byte_pending and message.get("body"):
+                self._first_byte_pending = False
+                self._first_byte(message)
+            if not message.get("more_body", False):
+                self.end_ns = monotonic_ns()
+                self.exchange.finish()
+        elif kind == "http.response.start":
+            message = self._started(message) or message
+        return self._downstream(message)
+
+    @guarded("asgi.first_byte")
+    def _first_byte(self, message: Message) -> None:
+        self.exchange.first_byte(is_streamed(self.response_start, message))
+
+    @guarded("asgi.response_start", default=None)
+    def _started(self, message: Message) -> Message | None:
+        status = message.get("status")
+        self.status = status if isinstance(status, int) else None
+        self.response_start = message
+        if self.start.span.is_recording() and _runtime.settings().response_headers:
+            return {**message, "headers": [*(message.get("headers") or ()), *self._trace_headers(message)]}
+        return None
+
+    def _trace_headers(self, start: Message) -> list[tuple[bytes, bytes]]:
+        headers = [(semconv.HEADER_TRACERESPONSE.encode(), _server_span.traceresponse(self.start.span).encode()),
+                   (semconv.HEADER_EXPOSE_HEADERS.encode(), semconv.HEADER_TRACERESPONSE.encode())]
+        handles = self.exchange.scope.handles
+        if handles and not _declares_stream(start.get("headers") or ()):
+            entries = server_timing(handles[0])
+            if entries:
+                value = ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in entries)
+                headers.append((semconv.HEADER_SERVER_TIMING.encode(), value.encode()))
+        return headers
+
+    def receiving(self, receive: Receive) -> Receive:
+        self._upstream = receive
+        return self._receive
+
+    async def _receive(self) -> Message:
+        message = await self._upstream()  # type: ignore[misc]  # set by receiving() before the app runs
+        if message.get("type") == "http.disconnect":
+            self.exchange.disconnected()
+        return message
+
+    def failed(self, error: BaseException) -> None:
+        if is_disconnect(error):
+            self.exchange.disconnected(error)
+        else:
+            self.error = error
+            self.exchange.finish(error)
+
+    # ----------------------------------------------------------------- the end
+    @guarded("asgi.server_span_close")
+    def close(self) -> None:
+        end = self.end_ns if self.end_ns is not None else monotonic_ns()
+        if not self.exchange.complete:
+            self.exchange.finish()  # a response the app never completed
+        route = self._route_of(self.scope)
+        error_type = _error_type(self.status, self.error)
+        if (metrics := _runtime.http_metrics()) is not None:
+            metrics.request_done((end - self.start_ns) * 1e-9, self.method, self.scheme, self.status, route,
+                                 self.scope.get("http_version"), error_type)
+        span = self.start.span
+        if span.is_recording() or not isinstance(span, _server_span.ServerSpan):
+            BUILDER.submit(lambda: self._build(end, route, error_type))
+
+    def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
+        attributes = server_attributes(self.scope, self.method)
+        name = _span_method(self.method)
+        if route:
+            attributes[semconv.HTTP_ROUTE] = route
+            name = f"{name} {route}"
+        if self.status is not None:
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = self.status
+        status = _UNSET
+        events = []
+        if error_type is not None:
+            attributes[semconv.ERROR_TYPE] = error_type
+            status = Status(StatusCode.ERROR, _error_description(self.status, self.error))
+        if self.error is not None:
+            events.append(_server_span.exception_event(self.error, timestamp=to_wall_ns(end_ns, self.offset)))
+        _server_span.finish(self.start, name, self.start_ns, end_ns, self.offset, attributes, status, events)
+
+
+def _span_method(method: str) -> str:
+    return "HTTP" if method == OTHER_METHOD else method
+
+
+def _declares_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return is_streamed({"headers": headers}, {})
+
+
+def _error_type(status: int | None, error: BaseException | None) -> str | None:
+    """``error.type`` by the HTTP conventions: the exception's type, else a 5xx status code."""
+    if error is not None:
+        return type(error).__qualname__
+    if status is not None and status >= 500:
+        return str(status)
+    return None
+
+
+def _error_description(status: int | None, error: BaseException | None) -> str:
+    if error is not None:
+        return f"{type(error).__name__}: {error}"
+    return f"HTTP {status}"
+
+
+# --------------------------------------------------------------------------- context
+_fields_cache: tuple[Any, frozenset[bytes] | None] | None = None
+
+
+def _propagation_headers(propagator: Any) -> frozenset[bytes] | None:
+    """The header names *propagator* reads (None: it does not say, so every header is offered)."""
+    global _fields_cache
+    cached = _fields_cache
+    if cached is not None and cached[0] is propagator:
+        return cached[1]
+    fields = getattr(propagator, "fields", None)
+    names = frozenset(f.lower().encode("latin-1") for f in fields) if isinstance(fields, (set, frozenset)) else None
+    _fields_cache = (propagator, names)
+    return names
+
+
+def extract_context(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Context:
+    """The caller's context from the request headers, through the global propagator. A request
+    that carries none of the propagator's headers (most, behind a load balancer that does not
+    trace) gets the empty context without calling it."""
+    propagator = propagate.get_global_textmap()
+    wanted = _propagation_headers(propagator)
+    carrier: dict[str, str] | None = None
+    for name, value in headers:
+        if wanted is None or name in wanted:
+            if carrier is None:
+                carrier = {}
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            carrier[key] = f"{carrier[key]},{text}" if key in carrier else text
+    if carrier is None:
+        return _EMPTY_CONTEXT
+    return propagator.extract(carrier, context=otel_context.Context())
+
+
+# --------------------------------------------------------------------------- attributes
+def scope_route(scope: Message) -> str | None:
+    """The route template the framework matched (Starlette >= 0.48 and FastAPI leave the
+    route in the scope), prefixed by the path of any ``Mount`` it went through."""
+    route = scope.get("route")
+    path = getattr(route, "path", None) if route is not None else None
+    if not isinstance(path, str):
+        return None
+    mounted = scope.get("root_path") or ""
+    app_root = scope.get("app_root_path") or ""
+    if mounted != app_root and mounted.startswith(app_root):
+        return mounted[len(app_root):] + path
+    return path
+
+
+def request_url(scope: Message) -> str:
+    """``scheme://host[:port]/path`` as OpenTelemetry's instrumentations match excluded URLs."""
+    host = header(scope.get("headers") or (), b"host")
+    if host is not None:
+        authority = host.decode("latin-1")
+    else:
+        server = scope.get("server") or ("0.0.0.0", 80)
+        authority = f"{server[0]}:{server[1]}" if server[1] not in (80, None) else str(server[0])
+    return f"{scope.get('scheme') or 'http'}://{authority}{scope.get('path') or ''}"
+
+
+def split_host(host: str) -> tuple[str, int | None]:
+    """``example.com:8080`` -> (``example.com``, 8080); ``[::1]:8000`` -> (``::1``, 8000)."""
+    if host.startswith("["):
+        address, _, rest = host[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        address, _, port_text = host.partition(":")
+    return address, int(port_text) if port_text.isdigit() else None
+
+
+def server_attributes(scope: Message, method: str) -> dict[str, Any]:
+    """The request attributes of the SERVER span (built off the request path)."""
+    attrs: dict[str, Any] = {semconv.HTTP_REQUEST_METHOD: method, semconv.URL_SCHEME: scope.get("scheme") or "http"}
+    original = str(scope.get("method") or "")
+    if original != method:
+        attrs[semconv.HTTP_REQUEST_METHOD_ORIGINAL] = original
+    if path := scope.get("path"):
+        attrs[semconv.URL_PATH] = path
+    query = scope.get("query_string")
+    if query:
+        attrs[semconv.URL_QUERY] = query.decode("utf-8", "replace") if isinstance(query, bytes) else str(query)
+    headers = scope.get("headers") or ()
+    server = scope.get("server") or (None, None)
+    host = header(headers, b"host")
+    address, port = split_host(host.decode("latin-1")) if host else (server[0], None)
+    if address:
+        attrs[semconv.SERVER_ADDRESS] = address
+    if (port := port if port is not None else server[1]) is not None:
+        attrs[semconv.SERVER_PORT] = int(port)
+    client = scope.get("client")
+    if client:
+        attrs[semconv.CLIENT_ADDRESS] = client[0]
+        if client[1] is not None:
+            attrs[semconv.CLIENT_PORT] = int(client[1])
+    if version := scope.get("http_version"):
+        attrs[semconv.NETWORK_PROTOCOL_VERSION] = version
+    if (agent := header(headers, b"user-agent")) is not None:
+        attrs[semconv.USER_AGENT_ORIGINAL] = agent.decode("latin-1")
+    return attrs
+
+
+# --------------------------------------------------------------------------- wiring
+def excluded_urls(integration: str) -> re.Pattern[str] | None:
+    """llmtrace's ``excluded_urls`` and OpenTelemetry's variables for *integration*
+    (``OTEL_PYTHON_<NAME>_EXCLUDED_URLS``, else ``OTEL_PYTHON_EXCLUDED_URLS``), as one pattern."""
+    sources = [_runtime.settings().excluded_urls,
+               os.environ.get(f"OTEL_PYTHON_{integration.upper()}_EXCLUDED_URLS")
+               or os.environ.get("OTEL_PYTHON_EXCLUDED_URLS")]
+    patterns = [p.strip() for source in sources if source for p in source.split(",") if p.strip()]
+    if not patterns:
+        return None
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in patterns))
+    except re.error as exc:
+        warn_once(f"excluded-urls-{integration}", "llmtrace: excluded URLs %r are not valid regular expressions "
+                  "(%s); no URL is excluded", patterns, exc)
+        return None
+
+
+@guarded("asgi.traced_stack")
+def traced_stack(stack: Any, integration: str, route_of: Callable[[Message], str | None] | None = None) -> Any:
+    """An app's built middleware stack with what ``server_spans`` asks for around it (the ``otel``
+    mode is the integration's own business): a stack that already holds OpenTelemetry's
+    middleware keeps that SERVER span, and llmtrace's scope joins it (never two SERVER spans)."""
+    if has_otel_middleware(stack):
+        return stack  # its constructor hook put llmtrace's scope middleware inside it
+    if _runtime.settings().server_spans == "off":
+        return ScopeMiddleware(stack, integration)
+    return ServerSpanMiddleware(stack, integration, excluded_urls(integration), route_of)

@@ -1,0 +1,168 @@
+"""llmtrace's own SERVER span: its identity decided on the request path, the span built off it.
+
+OpenTelemetry's server middleware opens a live SDK span per call (sampler, ids, attribute
+cleaning, processors' ``on_start``), attaches it, and fills it while the call runs — for
+every call, sampled or not. llmtrace does what the call's children need and nothing else
+while the call runs::
+
+    arrival        ids + sampling decision -> a ServerSpan in the context (children parent on it)
+    while running  timestamps and the response status, kept on the call
+    response done  metrics folded in-process; if sampled, the finished span is built on the
+                   span builder's thread (lifecycle/builder.py) as the SDK's ReadableSpan
+
+:class:`ServerSpan` is the stand-in the call's context holds: its ``SpanContext`` carries the
+real ids (a ``traceparent`` made from it, an ``llm.request`` opened under it, point at the
+span that will be exported), ``is_recording()`` says whether the call was sampled, and
+attributes, events or a status set on it by other code are kept for the finished span.
+
+This applies where the tracer is the OpenTelemetry SDK's with a parent-based sampler
+(lifecycle/emit.py decides, as for every finished span); any other tracer gets a live span
+through the tracer API, at that API's cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.util import types
+
+from llmtrace import _runtime
+from llmtrace.lifecycle import emit
+from llmtrace.lifecycle.clock import to_wall_ns
+
+_SERVER = SpanKind.SERVER
+
+
+class ServerSpan(trace.Span):
+    """The SERVER span while its call runs (see the module docstring); ended by its call, not by ``end()``."""
+
+    kind = _SERVER
+
+    __slots__ = ("_context", "_recording", "attributes", "events", "name", "status")
+
+    def __init__(self, context: SpanContext, recording: bool) -> None:
+        self._context = context
+        self._recording = recording
+        self.attributes: dict[str, Any] = {}
+        self.events: list[Event] = []
+        self.name: str | None = None
+        self.status: Status | None = None
+
+    def get_span_context(self) -> SpanContext:
+        return self._context
+
+    def is_recording(self) -> bool:
+        return self._recording
+
+    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
+        if self._recording:
+            self.attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
+        if self._recording:
+            self.attributes.update(attributes)
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        if self._recording:
+            self.events.append(Event(name, attributes, timestamp))
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        return None  # a server span links to nothing here; the caller is its parent
+
+    def update_name(self, name: str) -> None:
+        self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self.status = status if isinstance(status, Status) else Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: types.Attributes = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        if self._recording:
+            self.events.append(exception_event(exception, attributes, timestamp))
+
+    def end(self, end_time: int | None = None) -> None:
+        return None  # the call ends it when its response is complete
+
+    def __repr__(self) -> str:
+        return f"ServerSpan({self._context!r}, recording={self._recording})"
+
+
+def exception_event(exception: BaseException, attributes: types.Attributes = None,
+                    timestamp: int | None = None) -> Event:
+    """The ``exception`` event the SDK's ``record_exception`` makes (without the traceback text:
+    the span is built later, off the request path, where the traceback is gone)."""
+    attrs: dict[str, Any] = {"exception.type": type(exception).__qualname__, "exception.message": str(exception),
+                             "exception.escaped": "False"}
+    if attributes:
+        attrs.update(attributes)
+    return Event("exception", attrs, timestamp)
+
+
+class ServerSpanStart:
+    """How one call's SERVER span began: what the finished span needs to be built."""
+
+    __slots__ = ("context", "parent", "span", "spans")
+
+    def __init__(self, span: trace.Span, parent: SpanContext | None, context: otel_context.Context,
+                 spans: emit.FinishedSpans) -> None:
+        self.span = span
+        self.parent = parent
+        self.context = context  # the call's context: the span in the caller's (extracted) context
+        self.spans = spans
+
+
+def begin(parent_context: otel_context.Context, name: str, start_ns: int, offset: int) -> ServerSpanStart:
+    """Open the SERVER span of a call that arrived at *start_ns* (monotonic), under *parent_context*
+    (the caller's, extracted from the request); *name* is provisional (the route is not known yet)."""
+    spans = emit.current()
+    parent = trace.get_current_span(parent_context).get_span_context()
+    valid_parent = parent if parent.is_valid else None
+    if isinstance(spans, emit.SdkFinishedSpans):
+        if valid_parent is not None:  # parent-based: the caller decided
+            trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+        else:
+            trace_id = spans.new_trace_id()
+            flags, state = spans.root_flags(trace_id, name, _SERVER), None
+        context = SpanContext(trace_id, spans.new_span_id(), is_remote=False, trace_flags=flags, trace_state=state)
+        span: trace.Span = ServerSpan(context, context.trace_flags.sampled)
+    else:
+        span = _runtime.tracer().start_span(name, context=parent_context, kind=_SERVER,
+                                            start_time=to_wall_ns(start_ns, offset))
+    return ServerSpanStart(span, valid_parent, trace.set_span_in_context(span, parent_context), spans)
+
+
+def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset: int,
+           attributes: dict[str, Any], status: Status, events: Sequence[Event] = ()) -> None:
+    """Build the finished SERVER span (on the span builder's thread); what other code set on the
+    span while the call ran wins over *attributes*, its status over *status* unless that is ERROR."""
+    span = start.span
+    if isinstance(span, ServerSpan):
+        if not span.is_recording() or not isinstance(start.spans, emit.SdkFinishedSpans):
+            return
+        attributes.update(span.attributes)
+        if span.status is not None and status.status_code is not StatusCode.ERROR:
+            status = span.status
+        start.spans.emit(span.name or name, span.get_span_context(), start.parent, _SERVER,
+                         to_wall_ns(start_ns, offset), to_wall_ns(max(start_ns, end_ns), offset), attributes,
+                         status, [*events, *span.events])
+        return
+    if span.is_recording():
+        span.update_name(name)
+        span.set_attributes(attributes)
+        for event in events:
+            span.add_event(event.name, event.attributes, event.timestamp)
+        if status.status_code is not StatusCode.UNSET:
+            span.set_status(status)
+    span.end(end_time=to_wall_ns(max(start_ns, end_ns), offset))
+
+
+def traceresponse(span: trace.Span) -> str:
+    """The W3C Trace Context Level 2 ``traceresponse`` value naming *span*."""
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags) & 0xff:02x}"
+
