@@ -640,8 +640,8 @@ impl EngineTable {
     }
 
     /// Group the table into traces and engine views (see the module doc). `python_traces`
-    /// holds the trace ids read as Python spans, `domains[r]` the process of resource `r`
-    /// (service, host, pid). Returns `(spans, traces, duplicates, orphans, engines)` with
+    /// holds the trace ids read as Python spans, `domains[r]` the clock of resource `r`
+    /// (service, host). Returns `(spans, traces, duplicates, orphans, engines)` with
     /// `engines` a list of `(engine_id, windows, gc spans, step count)` sorted by id and
     /// each window `(start, end, first step id, last step id, span id)`; or `None` when
     /// the Python path must build these traces.

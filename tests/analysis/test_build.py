@@ -90,6 +90,16 @@ def test_clock_skew_between_processes_is_corrected() -> None:
     assert 100_000_000 == sum(s.duration_ns for s in sections)
 
 
+def test_processes_of_one_host_share_its_clock() -> None:
+    """An engine-process child of the same host (only process.pid differs) that overflows its
+    api-server parent is not moved: one host, one clock, so the overflow is real."""
+    parent = span("llm.request", 0, 100, resource={"host.name": "a", "process.pid": 1})
+    child = span("llm.decode", 70, 130, parent=parent, resource={"host.name": "a", "process.pid": 2})
+    ts = build_traceset([parent, child])
+    moved = {s.name: s for s in ts.traces[0].spans}
+    assert (T0 + 70_000_000, T0 + 130_000_000) == (moved["llm.decode"].start_ns, moved["llm.decode"].end_ns)
+
+
 def test_skew_is_left_alone_within_one_process() -> None:
     """Spans of one process are never moved, even when a child overflows its parent."""
     parent = span("p", 0, 100)

@@ -4,10 +4,13 @@ Two repairs happen here, once, so that no analyzer has to care:
 
 * **Duplicates** (a trace fetched in two Jaeger windows, a file read twice) are dropped by
   ``(trace_id, span_id)``.
-* **Clock skew** between processes: a child recorded by another process (a different
-  ``service.name``/host/pid) that does not fit inside its parent is shifted to sit centred in
-  the parent — Jaeger's clock-skew adjuster — and the shift carries over to that child's
-  own same-process descendants. Spans of one process are never moved relative to each other.
+* **Clock skew** between clocks: a child recorded on another clock (a different
+  ``service.name`` or ``host.name``) that does not fit inside its parent is shifted to sit
+  centred in the parent — Jaeger's clock-skew adjuster — and the shift carries over to that
+  child's own same-clock descendants. Processes of one host read one clock, so a
+  different ``process.pid`` alone (an engine process and its API server) moves nothing: a
+  child overflowing its parent there is real (an engine finishing after the client left).
+  Spans of one clock are never moved relative to each other.
 """
 
 from __future__ import annotations
@@ -52,16 +55,16 @@ _REQUEST_START = attrgetter("request.start_ns")
 
 
 def _domain(span: Span) -> tuple[Any, ...]:
-    r = span.resource
-    return (span.service, r.get("host.name"), r.get("process.pid"))
+    """The clock a span was timed by: its service's host (see the module doc)."""
+    return (span.service, span.resource.get("host.name"))
 
 
 def _one_domain(spans: Iterable[Span]) -> bool:
-    """Whether every span comes from one process (one service, host and pid)."""
+    """Whether every span was timed by one clock (one service and host)."""
     if len(set(map(_SERVICE, spans))) <= 1:
         res = list(map(_RESOURCE, spans))  # map/zip: no bytecode per span
         resources = dict(zip(map(id, res), res, strict=True)).values()
-        if len({(r.get("host.name"), r.get("process.pid")) for r in resources}) <= 1:
+        if len({r.get("host.name") for r in resources}) <= 1:
             return True
     return False
 

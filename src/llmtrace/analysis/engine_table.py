@@ -188,7 +188,7 @@ def build_part(table: EngineTable, python_trace_ids: Iterable[str]) -> CompiledP
     native = table.native
     domain_ids: dict[tuple[Any, ...], int] = {}
     domains = [
-        domain_ids.setdefault((service, res.get("host.name"), res.get("process.pid")), len(domain_ids))
+        domain_ids.setdefault((service, res.get("host.name")), len(domain_ids))  # build._domain's clock
         for service, res in native.resources()
     ]
     built = native.build(set(python_trace_ids), domains)
