@@ -11,7 +11,7 @@ the same name, unit, buckets and attributes the SDK instrument would have produc
 
 Where llmtrace does not own the MeterProvider (the host set one), or an exporter asks for
 delta temporality, there is nothing to merge into: :func:`histogram` then returns a plain
-SDK instrument behind the same ``record(value, attributes)`` interface.
+SDK instrument behind the same ``record((value, key))`` interface.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 from opentelemetry.metrics import Meter
@@ -40,12 +40,23 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from llmtrace._version import __version__
 
-#: Attributes as a hashable key: ``((name, value), ...)`` in a fixed order per instrument.
-AttributeKey = tuple[tuple[str, Any], ...]
+#: A measurement's attributes as the recorder keeps them: any hashable value (a flat tuple is
+#: cheapest to build per request), turned into attributes only at export.
+AttributeKey = Hashable
+KeyAttributes = Callable[[Hashable], Mapping[str, Any]]
 
 
 class HistogramRecorder(Protocol):
-    def record(self, value: float, attributes: AttributeKey) -> None: ...
+    @property
+    def record(self) -> Callable[[tuple[float, AttributeKey]], None]:
+        """Record one ``(value, key)`` pair. Deliberately one argument: for an aggregated histogram
+        this is ``list.append`` itself — no Python frame on the request path."""
+
+    @property
+    def pending(self) -> Sized:
+        """Measurements recorded and not folded yet (empty where records go straight to the SDK)."""
+
+    def fold(self) -> None: ...
 
 
 class _Point:
@@ -59,37 +70,59 @@ class _Point:
         self.max = float("-inf")
 
 
+#: Pending measurements an aggregated histogram folds on the recording thread once there are
+#: this many (otherwise at each collection): memory stays bounded if collection stalls.
+MAX_PENDING = 4096
+
+
 class AggregatedHistogram:
     """A cumulative explicit-bucket histogram, aggregated in-process (OTel's bucket rule:
-    bucket *i* holds ``bounds[i-1] < value <= bounds[i]``)."""
+    bucket *i* holds ``bounds[i-1] < value <= bounds[i]``).
 
-    def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> None:
+    ``record((value, key))`` appends to a list (atomic under the GIL, no lock, no frame); the
+    pending pairs are folded into the buckets when the exporter collects, or by the recording
+    thread when :data:`MAX_PENDING` of them wait.
+    """
+
+    def __init__(self, name: str, unit: str, description: str, bounds: Sequence[float],
+                 attributes_of: KeyAttributes) -> None:
         self.name = name
+        self.attributes_of = attributes_of
         self.unit = unit
         self.description = description
         self.bounds = tuple(float(b) for b in bounds)
         self.start_ns = time.time_ns()
         self._points: dict[AttributeKey, _Point] = {}
         self._lock = threading.Lock()
+        self.pending: list[tuple[float, AttributeKey]] = []
+        self.record = self.pending.append
 
-    def record(self, value: float, attributes: AttributeKey) -> None:
-        if not value >= 0.0:  # negative or NaN: the SDK drops these too
-            return
-        index = bisect_left(self.bounds, value)
+    def fold(self) -> None:
+        """Move the pending measurements into the buckets (any thread)."""
         with self._lock:
-            point = self._points.get(attributes)
-            if point is None:
-                point = self._points[attributes] = _Point(len(self.bounds) + 1)
-            point.counts[index] += 1
-            point.count += 1
-            point.sum += value
-            point.min = min(point.min, value)
-            point.max = max(point.max, value)
+            # Recorders only ever append: the first n items are exactly the ones copied here, and
+            # each of the two steps is one operation under the GIL, so no measurement is lost.
+            count = len(self.pending)
+            pending = self.pending[:count]
+            del self.pending[:count]
+            points, bounds, buckets = self._points, self.bounds, len(self.bounds) + 1
+            for value, key in pending:
+                if not value >= 0.0:  # negative or NaN: the SDK drops these too
+                    continue
+                point = points.get(key)
+                if point is None:
+                    point = points[key] = _Point(buckets)
+                point.counts[bisect_left(bounds, value)] += 1
+                point.count += 1
+                point.sum += value
+                point.min = min(point.min, value)
+                point.max = max(point.max, value)
 
     def metric(self, now_ns: int) -> Metric | None:
         """The cumulative points so far, as the SDK would export them; None before any record."""
+        self.fold()
         with self._lock:
-            points = [HistogramDataPoint(attributes=dict(key), start_time_unix_nano=self.start_ns,
+            points = [HistogramDataPoint(attributes=dict(self.attributes_of(key)), start_time_unix_nano=self.start_ns,
                                          time_unix_nano=now_ns, count=p.count, sum=p.sum,
                                          bucket_counts=tuple(p.counts), explicit_bounds=self.bounds,
                                          min=p.min, max=p.max)
@@ -103,11 +136,17 @@ class AggregatedHistogram:
 class _SdkHistogram:
     """The fallback: the same interface over an SDK (or any API) histogram instrument."""
 
-    def __init__(self, instrument: Any) -> None:
+    def __init__(self, instrument: Any, attributes_of: KeyAttributes) -> None:
         self._instrument = instrument
+        self._attributes_of = attributes_of
 
-    def record(self, value: float, attributes: AttributeKey) -> None:
-        self._instrument.record(value, dict(attributes))
+    def record(self, measurement: tuple[float, AttributeKey]) -> None:
+        self._instrument.record(measurement[0], dict(self._attributes_of(measurement[1])))
+
+    pending: Sized = ()
+
+    def fold(self) -> None:
+        return None
 
 
 class HistogramRegistry:
@@ -135,17 +174,18 @@ class HistogramRegistry:
 
 
 def histogram(meter: Meter, registry: HistogramRegistry | None, name: str, unit: str, description: str,
-              bounds: Sequence[float]) -> HistogramRecorder:
+              bounds: Sequence[float], attributes_of: KeyAttributes) -> HistogramRecorder:
     """An aggregated histogram when *registry* (llmtrace's own, cumulative export) is given,
-    else an SDK instrument with the same buckets as advice."""
+    else an SDK instrument with the same buckets as advice. Records take a key;
+    *attributes_of* turns a key into its attributes."""
     if registry is not None:
-        return registry.add(AggregatedHistogram(name, unit, description, bounds))
+        return registry.add(AggregatedHistogram(name, unit, description, bounds, attributes_of))
     try:
         instrument = meter.create_histogram(name, unit=unit, description=description,
                                             explicit_bucket_boundaries_advisory=list(bounds))
     except TypeError:  # an OTel API older than the bucket advice
         instrument = meter.create_histogram(name, unit=unit, description=description)
-    return _SdkHistogram(instrument)
+    return _SdkHistogram(instrument, attributes_of)
 
 
 def prefers_cumulative(exporter: MetricExporter) -> bool:

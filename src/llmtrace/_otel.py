@@ -64,12 +64,10 @@ class LLMTraceSampler(Sampler):
         root = TraceIdRatioBased(ratio)
         self._requests = ParentBased(root)
         self._ratio = ratio
-        self._bound = root.bound
-
-    def samples_root(self, trace_id: int) -> bool:
-        """The decision :meth:`should_sample` makes for a request with no parent, without its
-        result objects: llmtrace's own SERVER span asks this once per HTTP call."""
-        return trace_id & TraceIdRatioBased.TRACE_ID_LIMIT < self._bound
+        #: A trace with no parent is sampled when ``trace_id & TRACE_ID_LIMIT < root_bound``: the
+        #: decision :meth:`should_sample` makes, read directly by llmtrace's own SERVER span
+        #: (lifecycle/emit.py) without building its result objects, once per HTTP call.
+        self.root_bound = root.bound
 
     def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
                       attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:

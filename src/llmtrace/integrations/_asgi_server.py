@@ -26,9 +26,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmtrace import _runtime, semconv
-from llmtrace._http_metrics import OTHER_METHOD, normalize_method
-from llmtrace._safety import guarded, warn_once
-from llmtrace.integrations import _server_span
+from llmtrace._http_metrics import KNOWN_METHODS, OTHER_METHOD, HttpServerMetrics, normalize_method
+from llmtrace._safety import guarded, record_error, warn_once
+from llmtrace.integrations import _asgi, _server_span
 from llmtrace.integrations._asgi import (
     Message,
     Receive,
@@ -37,7 +37,6 @@ from llmtrace.integrations._asgi import (
     has_otel_middleware,
     header,
     is_disconnect,
-    is_streamed,
 )
 from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.lifecycle.builder import BUILDER
@@ -46,7 +45,6 @@ from llmtrace.lifecycle.phases import server_timing
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
-_EMPTY_CONTEXT = otel_context.Context()
 
 
 class ServerSpanMiddleware:
@@ -71,14 +69,16 @@ class ServerSpanMiddleware:
         if _inside_server_span():
             await self._joined(scope, receive, send)
             return
-        call = _open_call(scope, send, self._route_of)
-        if call is None:  # llmtrace failed to open it (logged, counted): serve untraced
+        try:
+            call = _Call(scope, receive, send, self._route_of)
+        except Exception as exc:  # noqa: BLE001 - llmtrace failed to open it: count it, serve untraced
+            record_error("asgi.server_span", exc)
             await self.app(scope, receive, send)
             return
-        token = otel_context.attach(call.start.context)
+        token = otel_context.attach(call.context)
         call.exchange.enter()
         try:
-            await self.app(scope, call.receiving(receive), call.send)
+            await self.app(scope, call.receive, call.send)
         except BaseException as exc:
             call.failed(exc)
             raise
@@ -89,30 +89,33 @@ class ServerSpanMiddleware:
 
 
 def _inside_server_span() -> bool:
-    span = trace.get_current_span()
+    context = otel_context.get_current()
+    if not context:  # the usual case: nothing above this middleware set any context
+        return False
+    span = trace.get_current_span(context)
     return getattr(span, "kind", None) is _SERVER and span.get_span_context().is_valid
-
-
-@guarded("asgi.server_span", default=None)
-def _open_call(scope: Message, send: Send, route_of: Callable[[Message], str | None]) -> _Call | None:
-    return _Call(scope, send, route_of)
 
 
 class _Call:
     """One HTTP call under llmtrace's SERVER span."""
 
-    __slots__ = ("_downstream", "_first_byte_pending", "_route_of", "_upstream", "end_ns", "error", "exchange",
-                 "method", "offset", "response_start", "scheme", "scope", "start", "start_ns", "status")
+    __slots__ = ("_downstream", "_ended", "_first_byte_pending", "_metrics", "_recording", "_route_of", "_upstream",
+                 "context", "end_ns", "error", "exchange", "method", "offset", "response_start", "scheme", "scope",
+                 "start", "start_ns", "status")
 
-    def __init__(self, scope: Message, send: Send, route_of: Callable[[Message], str | None]) -> None:
+    def __init__(self, scope: Message, receive: Receive, send: Send,
+                 route_of: Callable[[Message], str | None]) -> None:
         self.start_ns = start = monotonic_ns()
         self.offset = offset = recent_offset_ns(start)
         self.scope = scope
-        self.method = method = normalize_method(str(scope.get("method") or ""))
+        method = scope.get("method")
+        self.method = method = method if method in KNOWN_METHODS else normalize_method(str(method or ""))
         self.scheme = str(scope.get("scheme") or "http")
         self._route_of = route_of
-        self.start = opened = _server_span.begin(extract_context(scope.get("headers") or ()), _span_method(method),
-                                                 start, offset)
+        self.start = opened = _server_span.begin(extract_context(scope.get("headers") or ()),
+                                                 "HTTP" if method == OTHER_METHOD else method, start, offset)
+        self.context = opened.context
+        self._recording = opened.recording
         self.exchange = Exchange(opened.span, start, offset, opened.context)
         self.status: int | None = None
         self.error: BaseException | None = None
@@ -120,9 +123,10 @@ class _Call:
         self.response_start: Message | None = None
         self._first_byte_pending = True
         self._downstream = send
-        self._upstream: Receive | None = None
-        if (metrics := _runtime.http_metrics()) is not None:
-            metrics.started(method, self.scheme)
+        self._upstream = receive
+        self._metrics: HttpServerMetrics | None = _runtime.http_metrics()
+        metrics = self._metrics
+        self._ended = metrics.started(method, self.scheme) if metrics is not None else None
 
     # ----------------------------------------------------------------- the request path
     def send(self, message: Message) -> Any:
@@ -133,26 +137,33 @@ class _Call:
         if kind == "http.response.body":
             if self._first_byte_pending and message.get("body"):
                 self._first_byte_pending = False
-                self._first_byte(message)
+                self.exchange.scope.first_byte_ns = monotonic_ns()
+                if self._recording:
+                    self._first_byte(message)
             if not message.get("more_body", False):
                 self.end_ns = monotonic_ns()
                 self.exchange.finish()
         elif kind == "http.response.start":
-            message = self._started(message) or message
+            status = message.get("status")
+            self.status = status if isinstance(status, int) else None
+            self.response_start = message
+            if self._recording:
+                message = self._traced_start(message) or message
         return self._downstream(message)
 
     @guarded("asgi.first_byte")
     def _first_byte(self, message: Message) -> None:
-        self.exchange.first_byte(is_streamed(self.response_start, message))
+        scope = self.exchange.scope
+        if _asgi.is_streamed(self.response_start, message) and scope.first_byte_ns is not None:
+            self.start.span.set_attribute(semconv.LLM_TIME_TO_FIRST_BYTE_S,
+                                          (scope.first_byte_ns - scope.arrival_ns) * 1e-9)
 
     @guarded("asgi.response_start", default=None)
-    def _started(self, message: Message) -> Message | None:
-        status = message.get("status")
-        self.status = status if isinstance(status, int) else None
-        self.response_start = message
-        if self.start.span.is_recording() and _runtime.settings().response_headers:
-            return {**message, "headers": [*(message.get("headers") or ()), *self._trace_headers(message)]}
-        return None
+    def _traced_start(self, message: Message) -> Message | None:
+        """A traced response's start message with the headers that link it to its trace."""
+        if not _runtime.settings().response_headers:
+            return None
+        return {**message, "headers": [*(message.get("headers") or ()), *self._trace_headers(message)]}
 
     def _trace_headers(self, start: Message) -> list[tuple[bytes, bytes]]:
         headers = [(semconv.HEADER_TRACERESPONSE.encode(), _server_span.traceresponse(self.start.span).encode()),
@@ -165,12 +176,9 @@ class _Call:
                 headers.append((semconv.HEADER_SERVER_TIMING.encode(), value.encode()))
         return headers
 
-    def receiving(self, receive: Receive) -> Receive:
-        self._upstream = receive
-        return self._receive
-
-    async def _receive(self) -> Message:
-        message = await self._upstream()  # type: ignore[misc]  # set by receiving() before the app runs
+    async def receive(self) -> Message:
+        """The app's ``receive``: a disconnect ends the call's open requests as ``abort``."""
+        message = await self._upstream()
         if message.get("type") == "http.disconnect":
             self.exchange.disconnected()
         return message
@@ -189,12 +197,12 @@ class _Call:
         if not self.exchange.complete:
             self.exchange.finish()  # a response the app never completed
         route = self._route_of(self.scope)
-        error_type = _error_type(self.status, self.error)
-        if (metrics := _runtime.http_metrics()) is not None:
-            metrics.request_done((end - self.start_ns) * 1e-9, self.method, self.scheme, self.status, route,
-                                 self.scope.get("http_version"), error_type)
-        span = self.start.span
-        if span.is_recording() or not isinstance(span, _server_span.ServerSpan):
+        status, error = self.status, self.error
+        error_type = _error_type(status, error) if error is not None or (status or 0) >= 500 else None
+        if self._metrics is not None and self._ended is not None:
+            self._metrics.request_done(self._ended, (end - self.start_ns) * 1e-9, self.method, self.scheme, status,
+                                       route, self.scope.get("http_version"), error_type)
+        if self._recording or not isinstance(self.start.span, _server_span.ServerSpan):
             BUILDER.submit(lambda: self._build(end, route, error_type))
 
     def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
@@ -220,7 +228,7 @@ def _span_method(method: str) -> str:
 
 
 def _declares_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    return is_streamed({"headers": headers}, {})
+    return _asgi.is_streamed({"headers": headers}, {})
 
 
 def _error_type(status: int | None, error: BaseException | None) -> str | None:
@@ -245,9 +253,6 @@ _fields_cache: tuple[Any, frozenset[bytes] | None] | None = None
 def _propagation_headers(propagator: Any) -> frozenset[bytes] | None:
     """The header names *propagator* reads (None: it does not say, so every header is offered)."""
     global _fields_cache
-    cached = _fields_cache
-    if cached is not None and cached[0] is propagator:
-        return cached[1]
     fields = getattr(propagator, "fields", None)
     names = frozenset(f.lower().encode("latin-1") for f in fields) if isinstance(fields, (set, frozenset)) else None
     _fields_cache = (propagator, names)
@@ -259,7 +264,8 @@ def extract_context(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Cont
     that carries none of the propagator's headers (most, behind a load balancer that does not
     trace) gets the empty context without calling it."""
     propagator = propagate.get_global_textmap()
-    wanted = _propagation_headers(propagator)
+    cached = _fields_cache
+    wanted = cached[1] if cached is not None and cached[0] is propagator else _propagation_headers(propagator)
     carrier: dict[str, str] | None = None
     for name, value in headers:
         if wanted is None or name in wanted:
@@ -269,7 +275,7 @@ def extract_context(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Cont
             text = value.decode("latin-1")
             carrier[key] = f"{carrier[key]},{text}" if key in carrier else text
     if carrier is None:
-        return _EMPTY_CONTEXT
+        return _server_span.NO_PARENT
     return propagator.extract(carrier, context=otel_context.Context())
 
 

@@ -84,7 +84,12 @@ class Exchange:
         if self.complete:
             return
         self.complete = True
-        self.scope.close(error, _emit_later)
+        scope = self.scope
+        if scope.handles or scope.pending:
+            scope.close(error, _emit_later)
+        else:  # nothing opened in this call (a health check, a model list): just mark it closed
+            scope.closed = True
+            scope.closed_ns = monotonic_ns()
 
 
 def _emit_later(scope: ServerScope) -> None:

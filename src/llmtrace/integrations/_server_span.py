@@ -23,7 +23,7 @@ through the tracer API, at that API's cost.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -48,8 +48,9 @@ class ServerSpan(trace.Span):
     def __init__(self, context: SpanContext, recording: bool) -> None:
         self._context = context
         self._recording = recording
-        self.attributes: dict[str, Any] = {}
-        self.events: list[Event] = []
+        # Made when first needed: most calls are not sampled, and most sampled ones set nothing.
+        self.attributes: dict[str, Any] | None = None
+        self.events: list[Event] | None = None
         self.name: str | None = None
         self.status: Status | None = None
 
@@ -60,16 +61,22 @@ class ServerSpan(trace.Span):
         return self._recording
 
     def set_attribute(self, key: str, value: types.AttributeValue) -> None:
-        if self._recording:
-            self.attributes[key] = value
+        self.set_attributes({key: value})
 
     def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
         if self._recording:
+            if self.attributes is None:
+                self.attributes = {}
             self.attributes.update(attributes)
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        self._add_event(Event(name, attributes, timestamp))
+
+    def _add_event(self, event: Event) -> None:
         if self._recording:
-            self.events.append(Event(name, attributes, timestamp))
+            if self.events is None:
+                self.events = []
+            self.events.append(event)
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         return None  # a server span links to nothing here; the caller is its parent
@@ -82,8 +89,7 @@ class ServerSpan(trace.Span):
 
     def record_exception(self, exception: BaseException, attributes: types.Attributes = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
-        if self._recording:
-            self.events.append(exception_event(exception, attributes, timestamp))
+        self._add_event(exception_event(exception, attributes, timestamp))
 
     def end(self, end_time: int | None = None) -> None:
         return None  # the call ends it when its response is complete
@@ -103,37 +109,44 @@ def exception_event(exception: BaseException, attributes: types.Attributes = Non
     return Event("exception", attrs, timestamp)
 
 
-class ServerSpanStart:
+class ServerSpanStart(NamedTuple):
     """How one call's SERVER span began: what the finished span needs to be built."""
 
-    __slots__ = ("context", "parent", "span", "spans")
+    span: trace.Span
+    recording: bool
+    parent: SpanContext | None
+    context: otel_context.Context  # the call's context: the span in the caller's (extracted) context
+    spans: emit.FinishedSpans
 
-    def __init__(self, span: trace.Span, parent: SpanContext | None, context: otel_context.Context,
-                 spans: emit.FinishedSpans) -> None:
-        self.span = span
-        self.parent = parent
-        self.context = context  # the call's context: the span in the caller's (extracted) context
-        self.spans = spans
+
+#: The context of a call that carried no propagation header (see ``_asgi_server.extract_context``).
+NO_PARENT = otel_context.Context()
+#: The key under which OpenTelemetry's API keeps the current span in a context, read off the API
+#: itself: a call with no parent gets ``Context({key: span})`` without the API's two copies.
+_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
 def begin(parent_context: otel_context.Context, name: str, start_ns: int, offset: int) -> ServerSpanStart:
     """Open the SERVER span of a call that arrived at *start_ns* (monotonic), under *parent_context*
     (the caller's, extracted from the request); *name* is provisional (the route is not known yet)."""
     spans = emit.current()
-    parent = trace.get_current_span(parent_context).get_span_context()
-    valid_parent = parent if parent.is_valid else None
+    parent: SpanContext | None = None
+    if parent_context is not NO_PARENT:
+        found = trace.get_current_span(parent_context).get_span_context()
+        parent = found if found.is_valid else None
+    span: trace.Span
     if isinstance(spans, emit.SdkFinishedSpans):
-        if valid_parent is not None:  # parent-based: the caller decided
-            trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
-        else:
-            trace_id = spans.new_trace_id()
-            flags, state = spans.root_flags(trace_id, name, _SERVER), None
-        context = SpanContext(trace_id, spans.new_span_id(), is_remote=False, trace_flags=flags, trace_state=state)
-        span: trace.Span = ServerSpan(context, context.trace_flags.sampled)
+        context, recording = spans.new_context(parent, name, _SERVER)
+        span = ServerSpan(context, recording)
     else:
         span = _runtime.tracer().start_span(name, context=parent_context, kind=_SERVER,
                                             start_time=to_wall_ns(start_ns, offset))
-    return ServerSpanStart(span, valid_parent, trace.set_span_in_context(span, parent_context), spans)
+        recording = span.is_recording()
+    if parent_context is NO_PARENT:
+        call_context = otel_context.Context({_SPAN_KEY: span})
+    else:
+        call_context = trace.set_span_in_context(span, parent_context)
+    return ServerSpanStart(span, recording, parent, call_context, spans)
 
 
 def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset: int,
@@ -144,12 +157,12 @@ def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset
     if isinstance(span, ServerSpan):
         if not span.is_recording() or not isinstance(start.spans, emit.SdkFinishedSpans):
             return
-        attributes.update(span.attributes)
+        attributes.update(span.attributes or {})
         if span.status is not None and status.status_code is not StatusCode.ERROR:
             status = span.status
         start.spans.emit(span.name or name, span.get_span_context(), start.parent, _SERVER,
                          to_wall_ns(start_ns, offset), to_wall_ns(max(start_ns, end_ns), offset), attributes,
-                         status, [*events, *span.events])
+                         status, [*events, *(span.events or ())])
         return
     if span.is_recording():
         span.update_name(name)

@@ -22,11 +22,13 @@ On purpose, the direct path differs from the live one in two ways:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from random import getrandbits
 from typing import Any, Protocol, cast
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace import Tracer as SdkTracer
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -36,6 +38,7 @@ from llmtrace import _runtime
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the flag is newer than the oldest SDK we support
 _INTERNAL = SpanKind.INTERNAL
 _UNSET = Status(StatusCode.UNSET)
+_TRACE_ID_LIMIT = (1 << 64) - 1  # the low 64 bits a ratio sampler compares (TraceIdRatioBased.TRACE_ID_LIMIT)
 
 
 class OpenSpan(Protocol):
@@ -87,6 +90,10 @@ class SdkFinishedSpans:
         self._scope = scope if isinstance(scope, InstrumentationScope) else InstrumentationScope("llmtrace")
         limits = getattr(tracer, "_span_limits", None)
         self._max_links = getattr(limits, "max_links", None) or 128
+        self._fast_ids = type(self._ids) is RandomIdGenerator  # exactly the SDK's: getrandbits is what it does
+        self._root_bound: int | None = getattr(self._sampler, "root_bound", None)  # llmtrace's own sampler
+        self._root_flags = {True: TraceFlags(TraceFlags.SAMPLED | self._random_ids),
+                            False: TraceFlags(self._random_ids)}
 
     def open(self, name: str, parent: SpanContext | None, start_ns: int,
              attributes: Mapping[str, Any] | None = None, links: Sequence[Link] = (),
@@ -114,21 +121,23 @@ class SdkFinishedSpans:
         self._processor.on_end(readable)
 
     # ------------------------------------------------------------ a span whose ids came first
-    def new_trace_id(self) -> int:
-        return self._ids.generate_trace_id()
-
-    def new_span_id(self) -> int:
-        return self._ids.generate_span_id()
-
-    def root_flags(self, trace_id: int, name: str, kind: SpanKind) -> TraceFlags:
-        """The sampler's decision for a new trace, as the trace flags its spans carry."""
-        fast = getattr(self._sampler, "samples_root", None)
-        if fast is not None:
-            sampled = bool(fast(trace_id))
+    def new_context(self, parent: SpanContext | None, name: str, kind: SpanKind) -> tuple[SpanContext, bool]:
+        """The identity of a span starting now under *parent* (None: a new trace) and whether it is
+        sampled: fresh ids and the parent-based decision, as the SDK's ``start_span`` would take
+        them. Asked on a request path, so the SDK's random ids and llmtrace's sampler are read directly."""
+        fast = self._fast_ids
+        span_id = (getrandbits(64) if fast else 0) or self._ids.generate_span_id()
+        if parent is not None:
+            flags = parent.trace_flags
+            return SpanContext(parent.trace_id, span_id, False, flags, parent.trace_state), flags.sampled
+        trace_id = (getrandbits(128) if fast else 0) or self._ids.generate_trace_id()
+        bound = self._root_bound
+        if bound is not None:
+            sampled = trace_id & _TRACE_ID_LIMIT < bound
         else:
             decision = self._sampler.should_sample(None, trace_id, name, kind)
             sampled = decision.decision is Decision.RECORD_AND_SAMPLE
-        return TraceFlags((TraceFlags.SAMPLED if sampled else 0) | self._random_ids)
+        return SpanContext(trace_id, span_id, False, self._root_flags[sampled], None), sampled
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start_ns: int,
              end_ns: int, attributes: Mapping[str, Any], status: Status, events: Sequence[Event] = ()) -> None:

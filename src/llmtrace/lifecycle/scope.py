@@ -155,9 +155,7 @@ def current_scope() -> ServerScope | None:
     return _current_scope.get()
 
 
-def enter_scope(scope: ServerScope) -> contextvars.Token[ServerScope | None]:
-    return _current_scope.set(scope)
-
-
-def exit_scope(token: contextvars.Token[ServerScope | None]) -> None:
-    _current_scope.reset(token)
+#: Make *scope* the current one; returns the token :func:`exit_scope` takes. The context
+#: variable's own methods, bound: a network integration calls them once per call, without a frame.
+enter_scope: Callable[[ServerScope], contextvars.Token[ServerScope | None]] = _current_scope.set
+exit_scope: Callable[[contextvars.Token[ServerScope | None]], None] = _current_scope.reset
