@@ -96,7 +96,7 @@ def instrument(**options: Any) -> Instrumentation:
         from llmtrace._http_metrics import HttpServerMetrics
         from llmtrace.metrics import ServingMetrics
 
-        serving = ServingMetrics(meter, _providers.drops) if settings.metrics else None
+        serving = ServingMetrics(meter, _providers.drops, _providers.histograms) if settings.metrics else None
         if serving is not None:
             add_error_listener(serving.record_error)
         http = HttpServerMetrics(meter, _providers.histograms) if settings.metrics else None

@@ -7,11 +7,13 @@ records that become spans, so metrics and traces always agree.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, cast
 
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
+from llmtrace._histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
 from llmtrace.lifecycle.phases import compute_phases
 from llmtrace.lifecycle.stats import NS, tpot_s
 
@@ -21,28 +23,37 @@ if TYPE_CHECKING:
     from llmtrace.lifecycle.request import RequestHandle
 
 
-def _histogram(meter: Meter, name: str, unit: str, description: str, buckets: tuple[float, ...]) -> Any:
-    try:
-        return meter.create_histogram(name, unit=unit, description=description,
-                                      explicit_bucket_boundaries_advisory=list(buckets))
-    except TypeError:  # an OTel API older than the bucket advice
-        return meter.create_histogram(name, unit=unit, description=description)
+#: Attributes of a serving histogram's key, in order: (operation, model, finish reason, token type,
+#: engine id); a None is left out.
+_KEY_ATTRIBUTES = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_REQUEST_MODEL, "finish_reason",
+                   semconv.GEN_AI_TOKEN_TYPE, semconv.LLM_ENGINE_ID)
+
+
+def _key_attributes(key: Hashable) -> dict[str, Any]:
+    values = cast(tuple[Any, ...], key)  # what ServingMetrics records
+    return {name: value for name, value in zip(_KEY_ATTRIBUTES, values, strict=True) if value is not None}
 
 
 class ServingMetrics:
-    """The instruments of one process; one instance per ``instrument()``."""
+    """The instruments of one process; one instance per ``instrument()``.
 
-    def __init__(self, meter: Meter, drops: ExportStats | None = None) -> None:
-        self._ttft = _histogram(meter, semconv.METRIC_TTFT, "s", "Time to first token", semconv.TTFT_BUCKETS)
-        self._tpot = _histogram(meter, semconv.METRIC_TPOT, "s", "Time per output token", semconv.TPOT_BUCKETS)
-        self._duration = _histogram(meter, semconv.METRIC_REQUEST_DURATION, "s", "Request duration",
-                                    semconv.REQUEST_DURATION_BUCKETS)
-        self._tokens = _histogram(meter, semconv.METRIC_TOKEN_USAGE, "{token}", "Tokens per request",
-                                  semconv.TOKEN_USAGE_BUCKETS)
-        self._queue = _histogram(meter, semconv.METRIC_QUEUE_TIME, "s", "Time waiting for the scheduler",
-                                 semconv.REQUEST_DURATION_BUCKETS)
-        self._batch = _histogram(meter, semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
-                                 (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+    The histograms are llmtrace's aggregated ones where it owns the MeterProvider (a list append
+    per measurement, folded at export: :mod:`llmtrace._histogram`), SDK instruments otherwise."""
+
+    def __init__(self, meter: Meter, drops: ExportStats | None = None,
+                 histograms: HistogramRegistry | None = None) -> None:
+        def make(name: str, unit: str, description: str, buckets: tuple[float, ...]) -> HistogramRecorder:
+            return histogram(meter, histograms, name, unit, description, buckets, _key_attributes)
+
+        self._ttft = make(semconv.METRIC_TTFT, "s", "Time to first token", semconv.TTFT_BUCKETS)
+        self._tpot = make(semconv.METRIC_TPOT, "s", "Time per output token", semconv.TPOT_BUCKETS)
+        self._duration = make(semconv.METRIC_REQUEST_DURATION, "s", "Request duration",
+                              semconv.REQUEST_DURATION_BUCKETS)
+        self._tokens = make(semconv.METRIC_TOKEN_USAGE, "{token}", "Tokens per request", semconv.TOKEN_USAGE_BUCKETS)
+        self._queue = make(semconv.METRIC_QUEUE_TIME, "s", "Time waiting for the scheduler",
+                           semconv.REQUEST_DURATION_BUCKETS)
+        self._batch = make(semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
+                           (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
         self._errors = meter.create_counter(semconv.METRIC_INSTRUMENTATION_ERRORS, unit="{error}",
                                             description="Internal llmtrace errors (swallowed)")
         self._drops = drops
@@ -60,35 +71,41 @@ class ServingMetrics:
         self._errors.add(1, {"site": site})
 
     def record_request(self, rec: RequestHandle) -> None:
-        attrs: dict[str, Any] = {semconv.GEN_AI_OPERATION_NAME: rec.attributes.get(semconv.GEN_AI_OPERATION_NAME,
-                                                                                  "text_completion")}
-        if (model := rec.attributes.get(semconv.GEN_AI_REQUEST_MODEL)) is not None:
-            attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+        operation = rec.attributes.get(semconv.GEN_AI_OPERATION_NAME, "text_completion")
+        model = rec.attributes.get(semconv.GEN_AI_REQUEST_MODEL)
+        key = (operation, model, None, None, None)
         if rec.token_ns:  # TTFT and TPOT only: the inter-token percentiles are the span's
-            self._ttft.record((rec.token_ns[0] - rec.arrival_ns) * NS, attrs)
+            self._ttft.record(((rec.token_ns[0] - rec.arrival_ns) * NS, key))
             if (tpot := tpot_s(rec.token_ns)) is not None:
-                self._tpot.record(tpot, attrs)
+                self._tpot.record((tpot, key))
         end = rec.finish_ns or rec.arrival_ns
-        self._duration.record((end - rec.arrival_ns) * NS, {**attrs, "finish_reason": rec.finish_reason or ""})
+        self._duration.record(((end - rec.arrival_ns) * NS, (operation, model, rec.finish_reason or "", None, None)))
         if rec.prompt_tokens is not None:
-            self._tokens.record(rec.prompt_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: "input"})
-        self._tokens.record(rec.output_tokens, {**attrs, semconv.GEN_AI_TOKEN_TYPE: "output"})
+            self._tokens.record((rec.prompt_tokens, (operation, model, None, "input", None)))
+        self._tokens.record((rec.output_tokens, (operation, model, None, "output", None)))
         queue_s = rec.summary_in.get("queue_s") if rec.summary_in else None
         if queue_s is None and rec.queued_ns:
             queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
         if queue_s is not None:
-            self._queue.record(queue_s, attrs)
+            self._queue.record((queue_s, key))
+        self._fold_if_full()
 
     def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
-        attrs = {semconv.LLM_ENGINE_ID: engine_id}
+        key = (None, None, None, None, engine_id)
         busy = 0
         for step in steps:
-            self._batch.record(len(step.handles), attrs)
+            self._batch.record((len(step.handles), key))
             busy += sum(end - start for name, start, end in step.phases if name == "forward")
+        self._fold_if_full()
         span = steps[-1].end_ns - steps[0].start_ns
         if span > 0 and any(name == "forward" for s in steps for name, _, _ in s.phases):
             with self._idle_lock:
                 self._idle[engine_id] = max(0.0, 1.0 - busy / span)
+
+    def _fold_if_full(self) -> None:
+        for recorder in (self._ttft, self._tpot, self._duration, self._tokens, self._queue, self._batch):
+            if len(recorder.pending) >= MAX_PENDING:
+                recorder.fold()
 
     def _observe_idle(self, options: CallbackOptions) -> list[Observation]:
         with self._idle_lock:
