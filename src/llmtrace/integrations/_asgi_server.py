@@ -66,7 +66,8 @@ class ServerSpanMiddleware:
         if self._excluded is not None and self._excluded.search(request_url(scope)):
             await self.app(scope, receive, send)
             return
-        if _inside_server_span():
+        current = otel_context.get_current()
+        if current and _server_span_in(current):  # (an empty context, the usual case, holds no span)
             await self._joined(scope, receive, send)
             return
         try:
@@ -76,7 +77,7 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         token = otel_context.attach(call.context)
-        call.exchange.enter()
+        call.exchange.enter(findable=False)
         try:
             await self.app(scope, call.receive, call.send)
         except BaseException as exc:
@@ -85,13 +86,14 @@ class ServerSpanMiddleware:
         finally:
             call.exchange.exit()
             otel_context.detach(token)
-            call.close()
+            try:
+                call.close()
+            except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
+                record_error("asgi.server_span_close", exc)
 
 
-def _inside_server_span() -> bool:
-    context = otel_context.get_current()
-    if not context:  # the usual case: nothing above this middleware set any context
-        return False
+def _server_span_in(context: otel_context.Context) -> bool:
+    """Whether *context*'s current span is a SERVER span (someone above this middleware made one)."""
     span = trace.get_current_span(context)
     return getattr(span, "kind", None) is _SERVER and span.get_span_context().is_valid
 
@@ -99,9 +101,9 @@ def _inside_server_span() -> bool:
 class _Call:
     """One HTTP call under llmtrace's SERVER span."""
 
-    __slots__ = ("_downstream", "_ended", "_first_byte_pending", "_metrics", "_recording", "_route_of", "_upstream",
-                 "context", "end_ns", "error", "exchange", "method", "offset", "response_start", "scheme", "scope",
-                 "start", "start_ns", "status")
+    __slots__ = ("_downstream", "_ended", "_first_byte_pending", "_live", "_metrics", "_recording", "_route_of",
+                 "_upstream", "context", "end_ns", "error", "exchange", "method", "offset", "response_start", "scheme",
+                 "scope", "start", "start_ns", "status")
 
     def __init__(self, scope: Message, receive: Receive, send: Send,
                  route_of: Callable[[Message], str | None]) -> None:
@@ -114,9 +116,9 @@ class _Call:
         self._route_of = route_of
         self.start = opened = _server_span.begin(extract_context(scope.get("headers") or ()),
                                                  "HTTP" if method == OTHER_METHOD else method, start, offset)
-        self.context = opened.context
-        self._recording = opened.recording
-        self.exchange = Exchange(opened.span, start, offset, opened.context)
+        span, self._recording, _, self.context, _ = opened
+        self._live = not isinstance(span, _server_span.ServerSpan)  # a live API span: ended in any case
+        self.exchange = Exchange(span, start, offset, self.context)
         self.status: int | None = None
         self.error: BaseException | None = None
         self.end_ns: int | None = None
@@ -191,8 +193,9 @@ class _Call:
             self.exchange.finish(error)
 
     # ----------------------------------------------------------------- the end
-    @guarded("asgi.server_span_close")
     def close(self) -> None:
+        """The call is over: its metrics, and its span handed to the span builder if sampled.
+        (The middleware guards it: telemetry errors are counted, never raised.)"""
         end = self.end_ns if self.end_ns is not None else monotonic_ns()
         if not self.exchange.complete:
             self.exchange.finish()  # a response the app never completed
@@ -202,7 +205,7 @@ class _Call:
         if self._metrics is not None and self._ended is not None:
             self._metrics.request_done(self._ended, (end - self.start_ns) * 1e-9, self.method, self.scheme, status,
                                        route, self.scope.get("http_version"), error_type)
-        if self._recording or not isinstance(self.start.span, _server_span.ServerSpan):
+        if self._recording or self._live:
             BUILDER.submit(lambda: self._build(end, route, error_type))
 
     def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:

@@ -48,18 +48,22 @@ class Exchange:
         self._token: contextvars.Token[ServerScope | None] | None = None
         self._exchange_token: contextvars.Token[Exchange | None] | None = None
 
-    def enter(self) -> None:
+    def enter(self, findable: bool = True) -> None:
+        """Make this call's scope current; *findable*: also :func:`current_exchange` (for an
+        integration whose hooks look the call up, as aiohttp's response writes do)."""
         self._token = enter_scope(self.scope)
-        self._exchange_token = _current_exchange.set(self)
+        if findable:
+            self._exchange_token = _current_exchange.set(self)
 
     def exit(self) -> None:
-        if self._token is not None and self._exchange_token is not None:
+        if self._token is not None:
             try:
-                _current_exchange.reset(self._exchange_token)
+                if self._exchange_token is not None:
+                    _current_exchange.reset(self._exchange_token)
                 exit_scope(self._token)
             except ValueError:  # a generator finalised in another context: nothing to restore there
                 pass
-            self._token = None
+            self._token = self._exchange_token = None
 
     @guarded("server.first_byte")
     def first_byte(self, streamed: bool) -> None:

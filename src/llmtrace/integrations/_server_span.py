@@ -23,7 +23,7 @@ through the tracer API, at that API's cost.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -109,14 +109,24 @@ def exception_event(exception: BaseException, attributes: types.Attributes = Non
     return Event("exception", attrs, timestamp)
 
 
-class ServerSpanStart(NamedTuple):
-    """How one call's SERVER span began: what the finished span needs to be built."""
+class ServerSpanStart(tuple):  # type: ignore[type-arg]  # a plain tuple: built once per HTTP call
+    """How one call's SERVER span began: ``(span, recording, parent, context, spans)`` — the span,
+    whether it records, the caller's span context, the call's context (the span in the caller's
+    extracted context) and the finished-span emitter it will be built with."""
 
-    span: trace.Span
-    recording: bool
-    parent: SpanContext | None
-    context: otel_context.Context  # the call's context: the span in the caller's (extracted) context
-    spans: emit.FinishedSpans
+    __slots__ = ()
+
+    @property
+    def span(self) -> trace.Span:
+        return cast(trace.Span, self[0])
+
+    @property
+    def parent(self) -> SpanContext | None:
+        return cast("SpanContext | None", self[2])
+
+    @property
+    def spans(self) -> emit.FinishedSpans:
+        return cast(emit.FinishedSpans, self[4])
 
 
 #: The context of a call that carried no propagation header (see ``_asgi_server.extract_context``).
@@ -146,7 +156,7 @@ def begin(parent_context: otel_context.Context, name: str, start_ns: int, offset
         call_context = otel_context.Context({_SPAN_KEY: span})
     else:
         call_context = trace.set_span_in_context(span, parent_context)
-    return ServerSpanStart(span, recording, parent, call_context, spans)
+    return ServerSpanStart((span, recording, parent, call_context, spans))
 
 
 def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset: int,

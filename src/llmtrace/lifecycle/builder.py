@@ -67,7 +67,10 @@ class SpanBuilder:
         self._put(job)
 
     def _put(self, item: Callable[[], None] | threading.Event | None, urgent: bool = False) -> None:
-        self._ensure_started()
+        if urgent or not self._awake:
+            # Only when the thread is to be woken: while it is awake it is alive, and most
+            # records arrive then (one is_alive() per batch, not per record).
+            self._ensure_started()
         self._pending.append(item)
         if urgent:
             self._hurry.set()
