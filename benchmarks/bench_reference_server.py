@@ -48,9 +48,14 @@ from pathlib import Path
 
 CONFIGS = {
     "untraced": None,
-    "full": {},
+    "otel": None,  # OpenTelemetry's FastAPI instrumentation alone (10 % of traces), no llmtrace: see child()
+    "llmtrace_0": {"sample_ratio": 0.0, "engine_sample_ratio": 0.0},
+    "llmtrace_1": {"sample_ratio": 0.01, "engine_sample_ratio": 0.01},
     "production": {"sample_ratio": 0.1, "engine_sample_ratio": 0.1},
+    "full": {},
 }
+#: The arms run by default: the original three; ``--arms`` picks others.
+DEFAULT_ARMS = ("untraced", "full", "production")
 
 
 async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int) -> int:
@@ -103,7 +108,18 @@ def child(config: str, out: str) -> None:
     from llmtrace.server.app import create_app
     from llmtrace.server.runner import ServerThread
 
-    with ServerThread(create_app({"total_blocks": 512, "max_batch": 16})) as base_url:
+    app = create_app({"total_blocks": 512, "max_batch": 16})
+    if config == "otel":  # what a user gets from OpenTelemetry alone: the HTTP layer, 10 % of traces
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        FastAPIInstrumentor.instrument_app(
+            app, tracer_provider=TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.1))),
+            meter_provider=MeterProvider(metric_readers=[InMemoryMetricReader()]), exclude_spans=["send", "receive"])
+    with ServerThread(app) as base_url:
         print(json.dumps({"url": base_url}), flush=True)
         for line in sys.stdin:
             if line.strip() != "cpu":
@@ -138,10 +154,11 @@ class Server:
         self.proc.wait(120)
 
 
-def _result(tokens: int, elapsed: float, before: tuple[float, float], after: tuple[float, float]) -> dict[str, float]:
+def _result(tokens: int, elapsed: float, before: tuple[float, float], after: tuple[float, float],
+            requests: int) -> dict[str, float]:
     cpu = after[0] - before[0]
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu,
-            "llmtrace_thread_share": (after[1] - before[1]) / cpu}
+            "cpu_ms_per_request": cpu / requests * 1000, "llmtrace_thread_share": (after[1] - before[1]) / cpu}
 
 
 def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: int,
@@ -169,7 +186,7 @@ def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: 
     finally:
         for server in servers:
             server.close()
-    return {server.config: _result(tokens, elapsed, b, a)
+    return {server.config: _result(tokens, elapsed, b, a, requests)
             for server, (tokens, elapsed), b, a in zip(servers, loads, before, after, strict=True)}
 
 
@@ -182,6 +199,9 @@ def main() -> None:
     parser.add_argument("--parallel", action="store_true",
                         help="load all three servers at once in each round (paired ratios: the same noise hits "
                              "every arm); tokens/s is then shared between them and only the CPU ratio compares")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help=f"comma-separated arms, untraced first (of {', '.join(CONFIGS)}; "
+                             f"default {','.join(DEFAULT_ARMS)})")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
     parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -189,10 +209,15 @@ def main() -> None:
     if args.child:
         child(args.child, args.out)
         return
-    results: dict[str, list[dict[str, float]]] = {name: [] for name in CONFIGS}
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = [arm for arm in arms if arm not in CONFIGS]
+    if unknown or "untraced" not in arms:
+        parser.error(f"--arms: {', '.join(unknown) or 'untraced missing'} (known: {', '.join(CONFIGS)}; "
+                     "untraced is the baseline and must be one of them)")
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
-            order = list(CONFIGS) if round_index % 2 == 0 else list(reversed(CONFIGS))  # ABC, CBA, ...
+            order = list(arms) if round_index % 2 == 0 else list(reversed(arms))  # ABC, CBA, ...
             batches = [order] if args.parallel else [[name] for name in order]
             for batch in batches:
                 for name, run in measure(batch, tmp, str(round_index), args.requests, args.concurrency,
@@ -202,24 +227,24 @@ def main() -> None:
                           f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "
                           f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU", file=sys.stderr)
     if args.parallel:  # paired: each round's ratio, then the median and range of those
-        for name in CONFIGS:
+        for name in arms:
             ratios = sorted(r["tokens_per_cpu_s"] / u["tokens_per_cpu_s"]
                             for r, u in zip(results[name], results["untraced"], strict=True))
             print(f"paired CPU ratio {name:<10} median {statistics.median(ratios):.3f} "
                   f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})", file=sys.stderr)
-    keys = ("tokens_per_s", "tokens_per_cpu_s", "llmtrace_thread_share")
+    keys = ("tokens_per_s", "tokens_per_cpu_s", "cpu_ms_per_request", "llmtrace_thread_share")
     summary = {name: {key: statistics.median(r[key] for r in runs) for key in keys} for name, runs in results.items()}
     base = summary["untraced"]
     print(f"\nreference server, {args.requests} streaming requests x {args.max_tokens} tokens, "
           f"concurrency {args.concurrency}, median of {args.rounds} interleaved rounds:")
     print(f"  {'':<10} {'tokens/s':>9} {'ratio':>6}   {'tokens/server-CPU-s':>19} {'ratio':>6}"
-          f"   {'llmtrace threads':>16}")
+          f"   {'CPU ms/request':>14}   {'llmtrace threads':>16}")
     for name, values in summary.items():
         values["wall_ratio"] = values["tokens_per_s"] / base["tokens_per_s"]
         values["cpu_ratio"] = values["tokens_per_cpu_s"] / base["tokens_per_cpu_s"]
         print(f"  {name:<10} {values['tokens_per_s']:9.1f} {values['wall_ratio']:6.3f}   "
               f"{values['tokens_per_cpu_s']:19.1f} {values['cpu_ratio']:6.3f}   "
-              f"{values['llmtrace_thread_share']:15.2%}")
+              f"{values['cpu_ms_per_request']:14.2f}   {values['llmtrace_thread_share']:15.2%}")
     if args.json:
         print(json.dumps(summary))
 

@@ -229,6 +229,26 @@ def test_host_instrumented_app_keeps_its_one_server_span(serve: Any) -> None:
     assert servers_seen[0].context.span_id == request.parent.span_id
 
 
+def test_app_wrapped_in_opentelemetrys_middleware_by_hand_gets_one_server_span(serve: Any) -> None:
+    """The host wrapped the whole ASGI app in OpenTelemetry's middleware (outside FastAPI's own
+    stack): a call already inside that SERVER span gets no second one; the request is its child."""
+    import httpx
+    from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
+
+    with serve(OpenTelemetryMiddleware(build_app(), exclude_spans=["send", "receive"])) as (url, captured), \
+            httpx.Client(timeout=30) as client:
+        response = client.post(url + "/v1/stream/tiny", json={})
+        assert 200 == response.status_code
+        [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+        _server_spans(captured, 1)
+        time.sleep(0.3)  # a second SERVER span, if any, would have ended by now
+        servers_seen = [s for s in captured.collect() if s.kind == trace.SpanKind.SERVER]
+    assert 1 == len(servers_seen)
+    assert "opentelemetry.instrumentation.asgi" == servers_seen[0].instrumentation_scope.name
+    assert servers_seen[0].context.span_id == request.parent.span_id
+    assert "traceresponse" not in response.headers  # llmtrace's headers come with llmtrace's span only
+
+
 @pytest.mark.parametrize(("mode", "scope_name"), [("otel", "opentelemetry.instrumentation.fastapi"),
                                                   ("llmtrace", "llmtrace")])
 def test_server_spans_option_chooses_who_makes_the_span(serve: Any, mode: str, scope_name: str) -> None:
