@@ -25,7 +25,7 @@ Two measures per request: the serving (event-loop) thread's CPU and the whole pr
 (with the span builder and exporters). Medians over the rounds.
 
     python benchmarks/bench_aiohttp_request.py [--requests 3000] [--rounds 3] [--chunks 33] [--json]
-    python benchmarks/bench_aiohttp_request.py --instructions [--requests 300 --base 100]   # callgrind
+    python benchmarks/bench_aiohttp_request.py --instructions [--requests 600 --base 200]   # callgrind
     python benchmarks/bench_aiohttp_request.py --profile production    # by Python function (cProfile)
 
 CPU time on a shared VM moves by 2x between runs of the same arm (the host's speed changes),
@@ -239,8 +239,8 @@ def compare(rows: dict[str, dict[str, float]], measures: tuple[str, str]) -> Non
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=None, help="counted requests (3000; 300 with --instructions)")
-    parser.add_argument("--base", type=int, default=100, help="--instructions: the shorter run's requests")
+    parser.add_argument("--requests", type=int, default=None, help="counted requests (3000; 600 with --instructions)")
+    parser.add_argument("--base", type=int, default=200, help="--instructions: the shorter run's requests")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=33, help="streamed messages per response (32 tokens + [DONE])")
     parser.add_argument("--json", action="store_true")
@@ -250,7 +250,7 @@ def main() -> int:
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--exit-at-once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    requests = args.requests or (300 if args.instructions else 3000)
+    requests = args.requests or (600 if args.instructions else 3000)
     if args.child:
         child(args.child, requests, args.chunks, args.exit_at_once)
         return 0
