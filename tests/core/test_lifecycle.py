@@ -274,3 +274,20 @@ def test_spans_follow_a_wall_clock_that_moves_against_the_monotonic_one(
     assert 1_000_000 == queue.start_time - request.start_time
     assert 10_000_000 == request.end_time - request.start_time
     assert (5_000_000, 9_000_000) == (decode.start_time - request.start_time, decode.end_time - request.start_time)
+
+
+@pytest.mark.parametrize("sampled", [True, False])
+def test_request_under_a_parent_follows_its_sampling_decision(captured: Captured, sampled: bool) -> None:
+    """Parent-based, as the SDK decides: under a sampled parent llm.request is recorded and
+    exported; under an unsampled one it is a non-recording span of the same trace with its own
+    id (made without the sampler call), and nothing is exported."""
+    flags = "01" if sampled else "00"
+    handle = start_request("r-sampling", carrier={"traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}"})
+    context = handle.span.get_span_context() if handle.span is not None else None
+    handle.finished()
+    assert context is not None
+    assert (sampled, int("ab" * 16, 16)) == (handle.recording, context.trace_id)
+    assert context.span_id not in (0, int("cd" * 8, 16))
+    assert sampled == context.trace_flags.sampled
+    exported = [s for s in captured.spans() if s.name == semconv.SPAN_REQUEST]
+    assert (1 if sampled else 0) == len(exported)

@@ -336,8 +336,10 @@ def start_request(
     scope = current_scope()
     offset = scope.wall_offset_ns if scope is not None else offset_ns()  # the call's span tree's
     if owns_span:
-        span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
-                                            start_time=to_wall_ns(arrival, offset), attributes=attrs)
+        span = _unsampled_child(parent)
+        if span is None:
+            span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
+                                                start_time=to_wall_ns(arrival, offset), attributes=attrs)
         recording = span.is_recording()
     else:
         recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
@@ -349,6 +351,19 @@ def start_request(
     if owns_span and scope is not None:
         scope.register(handle)
     return handle
+
+
+def _unsampled_child(parent: otel_context.Context) -> Span | None:
+    """The span the SDK's parent-based sampler would give a child of an unsampled parent — a
+    non-recording span with a fresh id — without its sampler call (most requests in production
+    are not sampled); None where the SDK must decide (a sampled or no parent, another tracer)."""
+    parent_context = trace.get_current_span(parent).get_span_context()
+    if not parent_context.is_valid or parent_context.trace_flags.sampled:
+        return None
+    spans = emit.current()
+    if not isinstance(spans, emit.SdkFinishedSpans):
+        return None
+    return trace.NonRecordingSpan(spans.new_context(parent_context, semconv.SPAN_REQUEST, SpanKind.INTERNAL)[0])
 
 
 def mark_error(span: Span, error: BaseException) -> None:
