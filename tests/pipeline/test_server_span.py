@@ -138,6 +138,27 @@ def test_server_span_attributes_follow_the_stable_http_conventions(serve: Any) -
     assert trace.StatusCode.UNSET == server.status.status_code
 
 
+def test_route_of_a_mounted_app_carries_the_mount_path(serve: Any) -> None:
+    """A FastAPI app mounted under /v2: http.route is the whole template, /v2/items/{item_id};
+    the mounted app's own middleware joins the one SERVER span."""
+    import httpx
+    from fastapi import FastAPI
+
+    app, sub = FastAPI(), FastAPI()
+
+    @sub.get("/items/{item_id}")
+    async def item(item_id: int) -> dict[str, int]:
+        return {"id": item_id}
+
+    app.mount("/v2", sub)
+    with serve(app) as (url, captured), httpx.Client(timeout=30) as client:
+        assert {"id": 3} == client.get(url + "/v2/items/3").json()
+        [server] = _server_spans(captured, 1)
+        time.sleep(0.2)
+        assert 1 == len([s for s in captured.collect() if s.kind == trace.SpanKind.SERVER])
+    assert ("GET /v2/items/{item_id}", "/v2/items/{item_id}") == (server.name, server.attributes["http.route"])
+
+
 def test_non_streamed_response_carries_server_timing(serve: Any) -> None:
     """A non-streamed traced response: Server-Timing with the request's queue, prefill and TTFT."""
     import httpx
