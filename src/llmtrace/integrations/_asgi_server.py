@@ -66,7 +66,7 @@ class ServerSpanMiddleware:
         if self._excluded is not None and self._excluded.search(request_url(scope)):
             await self.app(scope, receive, send)
             return
-        current = otel_context.get_current()
+        current = _server_span.current_context()
         if current and _server_span_in(current):  # (an empty context, the usual case, holds no span)
             await self._joined(scope, receive, send)
             return
@@ -76,7 +76,7 @@ class ServerSpanMiddleware:
             record_error("asgi.server_span", exc)
             await self.app(scope, receive, send)
             return
-        token = otel_context.attach(call.context)
+        token = _server_span.attach(call.context)
         call.exchange.enter(findable=False)
         try:
             await self.app(scope, call.receive, call.send)
@@ -85,7 +85,10 @@ class ServerSpanMiddleware:
             raise
         finally:
             call.exchange.exit()
-            otel_context.detach(token)
+            try:  # noqa: SIM105 - contextlib.suppress would add two calls to every HTTP call
+                _server_span.detach(token)
+            except ValueError:  # finalised in another context (a cancelled task): nothing to restore there
+                pass
             try:
                 call.close()
             except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host

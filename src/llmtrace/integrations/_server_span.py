@@ -22,6 +22,7 @@ through the tracer API, at that API's cost.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -36,6 +37,25 @@ from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.clock import to_wall_ns
 
 _SERVER = SpanKind.SERVER
+
+
+def _context_functions() -> tuple[Any, Any, Any]:
+    """OpenTelemetry's ``get_current``, ``attach`` and ``detach`` for the call's context. With the
+    default runtime context (a ``ContextVar``; ``OTEL_PYTHON_CONTEXT`` unset) they are exactly the
+    variable's own ``get``/``set``/``reset`` behind two Python frames each: those are called
+    directly, once per HTTP call. Any other runtime context goes through the API."""
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, contextvars.ContextVar):
+        return variable.get, variable.set, variable.reset
+    return otel_context.get_current, otel_context.attach, otel_context.detach
+
+
+#: ``current_context()``, ``attach(context) -> token``, ``detach(token)`` (may raise ValueError
+#: for a token of another context, where the API logs instead: the caller catches it).
+current_context, attach, detach = _context_functions()
 
 
 class ServerSpan(trace.Span):
