@@ -9,5 +9,11 @@ APP_MODULE: Final = "aiohttp.web_app"
 APP_INIT: Final = "Application.__init__"
 RESPONSE_MODULE: Final = "aiohttp.web_response"
 STREAM_WRITE: Final = "StreamResponse.write"
+STREAM_PREPARE: Final = "StreamResponse.prepare"
 DISTRIBUTION: Final = "aiohttp"
 SUPPORTED: Final = ">=3.9"
+#: The module whose middleware is OpenTelemetry's aiohttp-server instrumentation (the host's,
+#: or ``server_spans="otel"``); recognised by name, without importing it.
+OTEL_MODULE: Final = "opentelemetry.instrumentation.aiohttp_server"
+#: The name in OpenTelemetry's ``OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS``, honoured as theirs is.
+OTEL_EXCLUDED_NAME: Final = "aiohttp_server"

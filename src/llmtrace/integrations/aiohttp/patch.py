@@ -1,71 +1,76 @@
 """Wiring of the ``aiohttp`` server integration.
 
-Reuses opentelemetry-instrumentation-aiohttp-server for the SERVER span (its
-instrumentor replaces ``web.Application`` with a subclass that adds its
-middleware). llmtrace appends its own middleware (innermost, so it runs in the
-SERVER span) to every ``Application`` and times the first ``StreamResponse.write``.
+Every ``web.Application`` created while the integration is on gets one llmtrace middleware
+(``middleware.py``): by default (``server_spans="llmtrace"``) llmtrace's SERVER span, first in
+the list so that it covers every other middleware. An application whose middlewares already
+hold OpenTelemetry's aiohttp-server middleware (the host enabled ``AioHttpServerInstrumentor``,
+whose ``web.Application`` subclass adds it, or listed it by hand) keeps that SERVER span, and
+llmtrace's scope middleware goes last, inside it; so does every application under
+``server_spans="otel"``, where llmtrace enables ``AioHttpServerInstrumentor`` itself (unless the
+host did), and ``server_spans="off"``. ``StreamResponse.write`` is wrapped to time the first
+byte and see a client leave; ``StreamResponse.prepare`` (llmtrace's span only) to put the trace
+headers on a response the handler sends itself — both replaced by plain functions rather than
+wrapt proxies, which cost a binding per streamed chunk (see middleware.py).
 """
 
 from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable
 from typing import Any
+
+import wrapt
 
 from llmtrace import _runtime
 from llmtrace._safety import guarded
 from llmtrace.integrations import _server
+from llmtrace.integrations._asgi_server import excluded_urls
 from llmtrace.integrations._base import Instrumentor
-from llmtrace.integrations.aiohttp import _constants, extractors
+from llmtrace.integrations.aiohttp import _constants, extractors, middleware
+from llmtrace.integrations.aiohttp.middleware import INTEGRATION, scope_middleware, server_span_middleware
 
-INTEGRATION = "aiohttp"
-
-
-async def scope_middleware(request: Any, handler: Any) -> Any:
-    """One :class:`~llmtrace.integrations._server.Exchange` per request."""
-    if INTEGRATION not in _server.ENABLED:
-        return await handler(request)
-    exchange = _server.Exchange()
-    return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
-
-
-scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker
+__all__ = ["INTEGRATION", "AioHttpInstrumentor", "scope_middleware", "server_span_middleware"]
 
 
 def _app_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    changed = _with_scope_middleware(wrapped, args, kwargs)
+    changed = _with_middleware(wrapped, args, kwargs)
     if changed is None:
         return wrapped(*args, **kwargs)
     return wrapped(*changed[0], **changed[1])
 
 
 @guarded("aiohttp.middleware")
-def _with_scope_middleware(wrapped: Any, args: tuple[Any, ...],
-                           kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+def _with_middleware(wrapped: Any, args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
     try:
         bound = inspect.signature(wrapped).bind(*args, **kwargs)
     except TypeError:
         return None  # the host's own mistake: let aiohttp report it
-    bound.arguments["middlewares"] = extractors.with_middleware(bound.arguments.get("middlewares"),
+    own = server_span_middleware if _runtime.settings().server_spans == "llmtrace" else None
+    bound.arguments["middlewares"] = extractors.with_middleware(bound.arguments.get("middlewares"), own,
                                                                 scope_middleware)
     return bound.args, bound.kwargs
 
 
-@guarded("aiohttp.disconnect", default=False)
-def _is_disconnect(error: BaseException) -> bool:
-    return extractors.is_disconnect(error)
+def _enable_otel() -> bool:
+    """``server_spans="otel"``: OpenTelemetry's instrumentor, unless the host enabled it (then it
+    is the host's to turn off). True when llmtrace enabled it."""
+    from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
 
-
-async def _stream_write_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    exchange = _server.current_exchange()
-    if exchange is not None and exchange.scope.first_byte_ns is None:
-        exchange.first_byte(True)
-    try:
-        return await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if exchange is not None and _is_disconnect(exc):
-            exchange.disconnected(exc)
-        raise
+    instrumentor = AioHttpServerInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        return False
+    providers = _runtime.current().providers
+    with warnings.catch_warnings():
+        # OTel's instrumentor subclasses web.Application, which aiohttp discourages
+        # with a DeprecationWarning; it is theirs, not the host's.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        instrumentor.instrument(
+            tracer_provider=providers.tracer_provider if providers else None,
+            meter_provider=providers.meter_provider if providers else None,
+        )
+    return True
 
 
 class AioHttpInstrumentor(Instrumentor):
@@ -74,25 +79,31 @@ class AioHttpInstrumentor(Instrumentor):
     distribution = _constants.DISTRIBUTION
     supported = _constants.SUPPORTED
 
-    def _patch(self) -> None:
-        from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+    def __init__(self) -> None:
+        super().__init__()
+        self._otel_enabled = False
 
-        providers = _runtime.current().providers
-        with warnings.catch_warnings():
-            # OTel's instrumentor subclasses web.Application, which aiohttp discourages
-            # with a DeprecationWarning; it is theirs, not the host's.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            AioHttpServerInstrumentor().instrument(
-                tracer_provider=providers.tracer_provider if providers else None,
-                meter_provider=providers.meter_provider if providers else None,
-            )
+    def _patch(self) -> None:
+        mode = _runtime.settings().server_spans
+        self._otel_enabled = _enable_otel() if mode == "otel" else False
+        middleware.configure(excluded_urls(_constants.OTEL_EXCLUDED_NAME))
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_INIT, _app_init_wrapper)
-        self.patches.wrap(_constants.RESPONSE_MODULE, _constants.STREAM_WRITE, _stream_write_wrapper)
+        self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_WRITE, middleware.traced_write)
+        if mode == "llmtrace":
+            self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
         _server.ENABLED.add(INTEGRATION)
 
-    def _unpatch(self) -> None:
-        from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+    def _replace(self, module: str, path: str, make: Callable[[Any], Any]) -> None:
+        """Replace ``module:path`` with ``make(original)``, a plain function (see middleware.py)."""
+        parent, attribute, original = wrapt.resolve_path(module, path)
+        self.patches.set_attr(parent, attribute, make(original))
 
+    def _unpatch(self) -> None:
         _server.ENABLED.discard(INTEGRATION)
         self.patches.restore()
-        AioHttpServerInstrumentor().uninstrument()
+        middleware.configure(None)
+        if self._otel_enabled:
+            from opentelemetry.instrumentation.aiohttp_server import AioHttpServerInstrumentor
+
+            self._otel_enabled = False
+            AioHttpServerInstrumentor().uninstrument()

@@ -1,0 +1,289 @@
+"""llmtrace's middlewares for aiohttp: its own SERVER span, or its server scope inside someone else's.
+
+:func:`server_span_middleware` is the aiohttp counterpart of ``_asgi_server.ServerSpanMiddleware``
+(the same cost model, attributes and metrics): per call it extracts the caller's context (the
+global propagator), opens the SERVER span's identity (``_server_span.begin``), counts the call as
+active, runs the handler inside the span's context and llmtrace's server scope, and when the
+handler is done records ``http.server.request.duration`` and — only for a sampled call — hands
+the finished span to the span builder. It is an aiohttp middleware, so it starts after aiohttp
+parsed the request and matched its route, and it ends when the handler returns (after the last
+write of a streamed response; before aiohttp writes a response the handler returned unsent),
+as OpenTelemetry's aiohttp-server middleware does.
+
+A traced response carries ``traceresponse`` (and, when the handler returned it unsent,
+``Server-Timing`` where the request's phases are known). Headers must be set before a response
+is prepared: a response the handler returned is still unsent here; one the handler sends itself
+(a ``StreamResponse``) gets them in :func:`traced_prepare`, which replaces
+``StreamResponse.prepare`` and looks at one context variable, set only for traced calls.
+
+The hooks on ``StreamResponse`` are plain functions put in the class, not wrapt proxies: a proxy
+is bound anew at every attribute access, and ``response.write`` is looked up per streamed chunk
+(about 6k instructions per chunk here, callgrind, ``benchmarks/bench_aiohttp_request.py``).
+
+:func:`scope_middleware` is the server scope alone, for calls inside a SERVER span that
+OpenTelemetry's middleware made (the host's, or ``server_spans="otel"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import re
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+from opentelemetry.trace import Status, StatusCode
+
+from llmtrace import _runtime, semconv
+from llmtrace._http_metrics import KNOWN_METHODS, OTHER_METHOD, HttpServerMetrics, normalize_method
+from llmtrace._safety import guarded, record_error
+from llmtrace.integrations import _server, _server_span
+from llmtrace.integrations._asgi_server import _error_description, _server_span_in
+from llmtrace.integrations._server import ENABLED, Exchange
+from llmtrace.integrations.aiohttp import extractors
+from llmtrace.lifecycle.builder import BUILDER
+from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.phases import server_timing
+
+INTEGRATION = "aiohttp"
+_UNSET = Status(StatusCode.UNSET)
+#: A client timing out the handler (aiohttp answers 504), else any exception (500).
+_TIMEOUT_STATUS, _ERROR_STATUS = 504, 500
+
+#: The excluded-URL pattern of the running ``instrument()`` (set by the integration's ``_patch``).
+_excluded: re.Pattern[str] | None = None
+#: ``_server.current_exchange`` without its Python frame: the context variable's own ``get``,
+#: which the write hook calls for every streamed chunk.
+_find_exchange = _server._current_exchange.get
+#: The traced call whose response still lacks its trace headers (set only for such calls).
+_stamping: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("llmtrace_aiohttp_stamping",
+                                                                         default=None)
+
+
+def configure(excluded: re.Pattern[str] | None) -> None:
+    global _excluded
+    _excluded = excluded
+
+
+async def server_span_middleware(request: Any, handler: Any) -> Any:
+    """llmtrace's SERVER span, its HTTP metrics and server scope, per call."""
+    if INTEGRATION not in ENABLED or _find_exchange() is not None:
+        return await handler(request)  # off, or a sub-application's: the outer call covers it
+    excluded = _excluded
+    if excluded is not None and extractors.is_excluded(excluded, request):
+        return await handler(request)
+    current = otel_context.get_current()
+    if current and _server_span_in(current):  # (an empty context, the usual case, holds no span)
+        return await scope_middleware(request, handler)
+    try:
+        call = _Call(request)
+    except Exception as exc:  # noqa: BLE001 - llmtrace failed to open it: count it, serve untraced
+        record_error("aiohttp.server_span", exc)
+        return await handler(request)
+    token = otel_context.attach(call.context)
+    call.exchange.enter()  # findable: the response write and prepare hooks look the call up
+    stamping = _stamping.set(call) if call.stamps else None
+    try:
+        response = await handler(request)
+    except BaseException as exc:
+        call.failed(exc)
+        raise
+    else:
+        call.status = getattr(response, "status", None)
+        if stamping is not None and not call.stamped:
+            call.stamp(response, timing=True)
+        return response
+    finally:
+        if stamping is not None:
+            _stamping.reset(stamping)
+        call.exchange.exit()
+        otel_context.detach(token)
+        try:
+            call.close()
+        except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
+            record_error("aiohttp.server_span_close", exc)
+
+
+server_span_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker
+
+
+async def scope_middleware(request: Any, handler: Any) -> Any:
+    """One :class:`~llmtrace.integrations._server.Exchange` per call, in the current SERVER span."""
+    if INTEGRATION not in ENABLED or _find_exchange() is not None:
+        return await handler(request)
+    exchange = _server.Exchange()
+    return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
+
+
+scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker
+
+
+def traced_prepare(prepare: Any) -> Any:
+    """``StreamResponse.prepare`` (*prepare*): a traced call's response gets its headers before
+    they are sent. (Called twice for a response the handler prepared itself: aiohttp prepares
+    every response the handler returns.)"""
+
+    async def prepare_traced(self: Any, request: Any) -> Any:
+        call = _stamping.get()
+        if call is not None and not call.stamped:
+            call.stamp(self, timing=False)
+        return await prepare(self, request)
+
+    prepare_traced.__wrapped__ = prepare  # type: ignore[attr-defined]
+    return prepare_traced
+
+
+def traced_write(write: Any) -> Any:
+    """``StreamResponse.write`` (*write*) with the first one timed as the first byte and a failed
+    one checked for the client leaving."""
+
+    async def write_traced(self: Any, data: Any) -> Any:
+        exchange = _find_exchange()
+        if exchange is not None and exchange.scope.first_byte_ns is None:
+            exchange.first_byte(True)
+        try:
+            return await write(self, data)
+        except BaseException as exc:
+            if exchange is not None and _is_disconnect(exc):
+                exchange.disconnected(exc)
+            raise
+
+    write_traced.__wrapped__ = write  # type: ignore[attr-defined]
+    return write_traced
+
+
+@guarded("aiohttp.disconnect", default=False)
+def _is_disconnect(error: BaseException) -> bool:
+    return extractors.is_disconnect(error)
+
+
+def extract_context(headers: Any) -> otel_context.Context:
+    """The caller's context from aiohttp's request headers (a case-insensitive multidict), through
+    the global propagator; a request that carries none of the propagator's headers gets the empty
+    context without calling it (as ``_asgi_server.extract_context``)."""
+    propagator = propagate.get_global_textmap()
+    cached = _fields_cache
+    wanted = cached[1] if cached is not None and cached[0] is propagator else _propagation_fields(propagator)
+    carrier: dict[str, str] | None = None
+    if wanted is None:
+        for name, value in headers.items():
+            if carrier is None:
+                carrier = {}
+            key = name.lower()
+            carrier[key] = f"{carrier[key]},{value}" if key in carrier else value
+    else:
+        for name in wanted:
+            if name in headers:
+                if carrier is None:
+                    carrier = {}
+                carrier[name] = ",".join(headers.getall(name))
+    if carrier is None:
+        return _server_span.NO_PARENT
+    return propagator.extract(carrier, context=otel_context.Context())
+
+
+_fields_cache: tuple[Any, tuple[str, ...] | None] | None = None
+
+
+def _propagation_fields(propagator: Any) -> tuple[str, ...] | None:
+    """The header names *propagator* reads (None: it does not say, so every header is offered)."""
+    global _fields_cache
+    fields = getattr(propagator, "fields", None)
+    names = tuple(sorted({f.lower() for f in fields})) if isinstance(fields, (set, frozenset)) else None
+    _fields_cache = (propagator, names)
+    return names
+
+
+class _Call:
+    """One HTTP call under llmtrace's SERVER span."""
+
+    __slots__ = ("_ended", "_live", "_metrics", "context", "error", "exchange", "method", "offset", "recording",
+                 "request", "scheme", "stamped", "stamps", "start", "start_ns", "status")
+
+    def __init__(self, request: Any) -> None:
+        self.start_ns = start = monotonic_ns()
+        self.offset = offset = recent_offset_ns(start)
+        self.request = request
+        method = request.method
+        self.method = method = method if method in KNOWN_METHODS else normalize_method(str(method))
+        self.scheme = scheme = request.scheme
+        self.start = opened = _server_span.begin(extract_context(request.headers),
+                                                 "HTTP" if method == OTHER_METHOD else method, start, offset)
+        span, self.recording, _, self.context, _ = opened
+        self._live = not isinstance(span, _server_span.ServerSpan)  # a live API span: ended in any case
+        self.exchange = Exchange(span, start, offset, self.context)
+        self.stamps = self.recording and _runtime.settings().response_headers
+        self.stamped = False
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._metrics: HttpServerMetrics | None = _runtime.http_metrics()
+        metrics = self._metrics
+        self._ended = metrics.started(method, scheme) if metrics is not None else None
+
+    @guarded("aiohttp.response_headers")
+    def stamp(self, response: Any, timing: bool) -> None:
+        """Put the trace headers on *response* (unsent); *timing*: the handler is done with it, so
+        the phases of a non-streamed one are known."""
+        self.stamped = True
+        if response.prepared:
+            return
+        headers = response.headers
+        headers[semconv.HEADER_TRACERESPONSE] = _server_span.traceresponse(self.start.span)
+        headers.add(semconv.HEADER_EXPOSE_HEADERS, semconv.HEADER_TRACERESPONSE)
+        handles = self.exchange.scope.handles
+        if timing and handles and response.content_type != "text/event-stream":
+            entries = server_timing(handles[0])
+            if entries:
+                headers[semconv.HEADER_SERVER_TIMING] = ", ".join(f"{name};dur={seconds * 1000:.3f}"
+                                                                  for name, seconds in entries)
+
+    @guarded("aiohttp.failed")
+    def failed(self, error: BaseException) -> None:
+        """The handler raised *error*: a response (``HTTPException``), the client leaving, or a failure."""
+        if extractors.is_http_exception(error):
+            self.status = getattr(error, "status", None)
+            if self.stamps and not self.stamped:
+                self.stamp(error, timing=True)
+            self.error = error
+            self.exchange.finish(error)
+        elif _is_disconnect(error):
+            self.exchange.disconnected(error)
+        else:
+            self.error = error
+            self.status = _TIMEOUT_STATUS if isinstance(error, asyncio.TimeoutError) else _ERROR_STATUS
+            self.exchange.finish(error)
+
+    def close(self) -> None:
+        """The call is over: its metrics, and its span handed to the span builder if sampled.
+        (The middleware guards it: telemetry errors are counted, never raised.)"""
+        end = monotonic_ns()
+        if not self.exchange.complete:
+            self.exchange.finish()
+        request = self.request
+        route = extractors.route_of(request)
+        status, error = self.status, self.error
+        error_type = extractors.error_type(status, error) if error is not None or (status or 0) >= 500 else None
+        if self._metrics is not None and self._ended is not None:
+            self._metrics.request_done(self._ended, (end - self.start_ns) * 1e-9, self.method, self.scheme, status,
+                                       route, extractors.protocol_version(request.version), error_type)
+        if self.recording or self._live:
+            BUILDER.submit(lambda: self._build(end, route, error_type))
+
+    def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
+        attributes = extractors.server_attributes(self.request, self.method)
+        name = "HTTP" if self.method == OTHER_METHOD else self.method
+        if route:
+            attributes[semconv.HTTP_ROUTE] = route
+            name = f"{name} {route}"
+        if self.status is not None:
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = self.status
+        status = _UNSET
+        events = []
+        if error_type is not None:
+            attributes[semconv.ERROR_TYPE] = error_type
+            error = None if extractors.is_http_exception(self.error) else self.error
+            status = Status(StatusCode.ERROR, _error_description(self.status, error))
+            if self.error is not None:
+                events.append(_server_span.exception_event(self.error, timestamp=to_wall_ns(end_ns, self.offset)))
+        _server_span.finish(self.start, name, self.start_ns, end_ns, self.offset, attributes, status, events)
