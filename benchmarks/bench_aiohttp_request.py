@@ -1,9 +1,9 @@
 """CPU per HTTP request in an aiohttp server: untraced, OpenTelemetry's own instrumentation, llmtrace.
 
-The aiohttp counterpart of ``bench_asgi_request.py``. llmtrace reuses
-opentelemetry-instrumentation-aiohttp-server for the SERVER span and adds its own
-middleware and a wrapper of ``StreamResponse.write`` (``integrations/aiohttp/patch.py``);
-this benchmark separates the two on one request path. The handler streams *chunks*
+The aiohttp counterpart of ``bench_asgi_request.py``. llmtrace makes the SERVER span with
+its own middleware and hooks on ``StreamResponse.prepare``/``write``
+(``integrations/aiohttp/``); this benchmark compares it with
+opentelemetry-instrumentation-aiohttp-server on one request path. The handler streams *chunks*
 Server-Sent Events (as a streamed completion does) through a ``web.StreamResponse``.
 
 Requests go through aiohttp's real server protocol (``RequestHandler``: HTTP parsing,
@@ -17,8 +17,8 @@ Arms, each in a fresh process (instrumentation is process-wide), interleaved ABC
 * ``otel``: what a user gets from OpenTelemetry alone — ``AioHttpServerInstrumentor`` with an
   SDK tracer provider (parent-based, 10 % of traces) and an SDK meter provider with a reader
   (global: the instrumentor takes its meters from the global provider); no span exporter;
-* ``production``: ``llmtrace.instrument(sample_ratio=0.1)`` (the same SERVER middleware,
-  llmtrace's server scope inside it, its metrics);
+* ``production``: ``llmtrace.instrument(sample_ratio=0.1)`` (llmtrace's own SERVER span
+  middleware, its server scope and metrics);
 * ``full``: ``llmtrace.instrument()``, every request traced and exported to a file.
 
 Two measures per request: the serving (event-loop) thread's CPU and the whole process's CPU
