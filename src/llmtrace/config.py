@@ -186,7 +186,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("process_role", _str, "api-server",
            "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
     Option("server_spans", _choice(*SERVER_SPAN_MODES), "llmtrace",
-           "Who makes the HTTP SERVER span of an ASGI app (FastAPI, Starlette, vLLM's API server): "
+           "Who makes the HTTP SERVER span of an ASGI app (FastAPI, Starlette, vLLM's API server) or an "
+           "aiohttp app: "
            "`llmtrace` (its own, built off the request path; the `http.server.*` metrics for every "
            "request), `otel` (OpenTelemetry's ASGI/FastAPI middleware, exactly as that package emits it) "
            "or `off` (no SERVER span, no HTTP metrics). An app the host already instrumented with "
@@ -194,7 +195,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("excluded_urls", _opt_str, None,
            "Comma-separated regular expressions; an HTTP call whose URL matches one gets no SERVER span and "
            "no HTTP metrics (health checks). Added to `OTEL_PYTHON_EXCLUDED_URLS` and "
-           "`OTEL_PYTHON_FASTAPI_EXCLUDED_URLS` / `OTEL_PYTHON_STARLETTE_EXCLUDED_URLS`, which are honoured too."),
+           "`OTEL_PYTHON_FASTAPI_EXCLUDED_URLS` / `OTEL_PYTHON_STARLETTE_EXCLUDED_URLS` / "
+           "`OTEL_PYTHON_AIOHTTP_SERVER_EXCLUDED_URLS`, which are honoured too."),
     Option("response_headers", _bool, True,
            "On every traced HTTP response, a `traceresponse` header (W3C Trace Context Level 2) naming the "
            "trace, and on a non-streamed one `Server-Timing` with queue/prefill/decode/TTFT where known."),
