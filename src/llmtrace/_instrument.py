@@ -94,14 +94,16 @@ def instrument(**options: Any) -> Instrumentation:
             _providers = _otel.setup(settings, explicit_exporter=explicit)
         meter = _providers.meter_provider.get_meter("llmtrace", __version__)
         from llmtrace._http_metrics import HttpServerMetrics
+        from llmtrace._rpc_metrics import RpcServerMetrics
         from llmtrace.metrics import ServingMetrics
 
         serving = ServingMetrics(meter, _providers.drops, _providers.histograms) if settings.metrics else None
         if serving is not None:
             add_error_listener(serving.record_error)
         http = HttpServerMetrics(meter, _providers.histograms) if settings.metrics else None
+        rpc = RpcServerMetrics(meter, _providers.histograms) if settings.metrics else None
         _runtime.install(_runtime.Runtime(settings=settings, providers=_providers, metrics=serving,
-                                          http_metrics=http))
+                                          http_metrics=http, rpc_metrics=rpc))
         sampler = _start_gpu(settings)
         if settings.metrics:
             _register_gpu_metrics(sampler, meter)

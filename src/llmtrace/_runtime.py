@@ -18,6 +18,7 @@ from llmtrace.config import Settings
 if TYPE_CHECKING:
     from llmtrace._http_metrics import HttpServerMetrics
     from llmtrace._otel import Providers
+    from llmtrace._rpc_metrics import RpcServerMetrics
     from llmtrace.metrics import ServingMetrics
 
 TRACER_NAME = "llmtrace"
@@ -29,6 +30,7 @@ class Runtime:
     providers: Providers | None
     metrics: ServingMetrics | None
     http_metrics: HttpServerMetrics | None = None
+    rpc_metrics: RpcServerMetrics | None = None
 
 
 _DEFAULT = Runtime(settings=Settings(), providers=None, metrics=None)
@@ -80,3 +82,7 @@ def serving_metrics() -> ServingMetrics | None:
 
 def http_metrics() -> HttpServerMetrics | None:
     return _current.http_metrics
+
+
+def rpc_metrics() -> RpcServerMetrics | None:
+    return _current.rpc_metrics

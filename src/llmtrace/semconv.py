@@ -164,6 +164,18 @@ METRIC_HTTP_SERVER_DURATION: Final = "http.server.request.duration"
 METRIC_HTTP_SERVER_ACTIVE_REQUESTS: Final = "http.server.active_requests"
 #: The HTTP semantic conventions' bucket advice for http.server.request.duration (seconds).
 HTTP_SERVER_DURATION_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+# RPC semantic conventions, with the attribute names opentelemetry-instrumentation-grpc emits
+# (``rpc.system``, ``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code`` as an int). That
+# instrumentation records no metric; the duration is the conventions' current
+# ``rpc.server.call.duration`` in seconds (``rpc.server.duration`` in ms is deprecated).
+RPC_SYSTEM: Final = "rpc.system"
+RPC_SYSTEM_GRPC: Final = "grpc"
+RPC_SERVICE: Final = "rpc.service"
+RPC_METHOD: Final = "rpc.method"
+RPC_GRPC_STATUS_CODE: Final = "rpc.grpc.status_code"
+METRIC_RPC_SERVER_DURATION: Final = "rpc.server.call.duration"
+#: The conventions give no bucket advice for it: the HTTP duration's (seconds), the same scale.
+RPC_SERVER_DURATION_BUCKETS: Final = HTTP_SERVER_DURATION_BUCKETS
 #: Response headers that link a response to its trace (W3C Trace Context Level 2, Server Timing).
 HEADER_TRACERESPONSE: Final = "traceresponse"
 HEADER_SERVER_TIMING: Final = "server-timing"

@@ -1,11 +1,14 @@
 """Wiring of the gRPC server integration.
 
-Reuses opentelemetry-instrumentation-grpc for the SERVER span (its instrumentors
-wrap ``grpc.server`` and ``grpc.aio.server`` to put their interceptor first); llmtrace
-appends its own interceptor (innermost, inside the SERVER span) that opens the server
-scope per RPC, times the first streamed response message, and ends the RPC's open
-requests as ``abort`` when the RPC terminates before its handler completed (the
-client cancelled or went away; in ``grpc.aio`` the handler's task is cancelled).
+With ``server_spans="llmtrace"`` (the default) llmtrace's interceptor is the first of a server's
+chain and makes the SERVER span of each RPC itself (``server_span.py``); OpenTelemetry's gRPC
+instrumentors are not enabled. A server that holds OpenTelemetry's interceptor (the host enabled
+that instrumentation) keeps its SERVER span: ours goes after it and only opens the server scope
+inside it. With ``"otel"`` OpenTelemetry's instrumentors make the SERVER span and ours is appended
+(innermost); with ``"off"`` ours only opens the scope. The scope interceptor opens the server scope
+per RPC, times the first streamed response message, and ends the RPC's open requests as ``abort``
+when the RPC terminates before its handler completed (the client cancelled or went away; in
+``grpc.aio`` the handler's task is cancelled).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from llmtrace import _runtime
 from llmtrace._safety import guarded
 from llmtrace.integrations import _server
 from llmtrace.integrations._base import Instrumentor
-from llmtrace.integrations.grpc import _constants, extractors
+from llmtrace.integrations.grpc import _constants, extractors, server_span
 
 INTEGRATION = "grpc"
 
@@ -98,14 +101,25 @@ def _aio_streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @guarded("grpc.aio_handler")
-def _traced_aio_handler(grpc: Any, handler: Any) -> Any:
+def _traced_aio_handler(grpc: Any, handler: Any, method: str | None) -> Any:
+    """*handler* with its behavior wrapped: under a SERVER span of ours when *method* is given,
+    else in the server scope only."""
     shape = extractors.behavior_of(handler)
     behavior = getattr(handler, shape.attribute)
     if shape.response_streaming and inspect.isasyncgenfunction(behavior):
         traced = _aio_streaming(behavior)
-    elif not shape.response_streaming and inspect.iscoroutinefunction(behavior):
-        traced = _aio_unary(behavior)
-    else:  # a sync behavior run in the server's thread pool, or one writing through context.write()
+        if method is not None:
+            traced = server_span.aio_streaming(behavior, traced, method)
+    elif inspect.iscoroutinefunction(behavior):
+        if shape.response_streaming:  # written through context.write(): the SERVER span only
+            if method is None:
+                return handler
+            traced = server_span.aio_unary(behavior, behavior, method)
+        else:
+            traced = _aio_unary(behavior)
+            if method is not None:
+                traced = server_span.aio_unary(behavior, traced, method)
+    else:  # a sync behavior run in the server's thread pool
         return handler
     factory = getattr(grpc, f"{shape.attribute}_rpc_method_handler")
     return factory(traced, request_deserializer=handler.request_deserializer,
@@ -113,13 +127,37 @@ def _traced_aio_handler(grpc: Any, handler: Any) -> Any:
 
 
 @guarded("grpc.handler")
-def _traced_handler(grpc: Any, handler: Any) -> Any:
+def _traced_handler(grpc: Any, handler: Any, method: str | None) -> Any:
     shape = extractors.behavior_of(handler)
     behavior = getattr(handler, shape.attribute)
     traced = _streaming(behavior) if shape.response_streaming else _unary(behavior)
+    if method is not None:
+        make = server_span.streaming if shape.response_streaming else server_span.unary
+        traced = make(behavior, traced, method)
     factory = getattr(grpc, f"{shape.attribute}_rpc_method_handler")
     return factory(traced, request_deserializer=handler.request_deserializer,
                    response_serializer=handler.response_serializer)
+
+
+class _Handlers:
+    """Traced handlers by method, made once per handler a server returns for it (generic
+    handlers return the same one for every RPC): no handler built per RPC. One entry per
+    method that has a handler, replaced if the server returns another."""
+
+    __slots__ = ("_by_method", "_trace", "spans")
+
+    def __init__(self, trace: Callable[[Any, Any, str | None], Any], spans: bool) -> None:
+        self._trace = trace
+        self.spans = spans
+        self._by_method: dict[str, tuple[Any, Any]] = {}
+
+    def traced(self, grpc: Any, handler: Any, method: str) -> Any:
+        cached = self._by_method.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        traced = self._trace(grpc, handler, method if self.spans else None) or handler
+        self._by_method[method] = (handler, traced)
+        return traced
 
 
 def _interceptor_class() -> type:
@@ -128,11 +166,14 @@ def _interceptor_class() -> type:
     class ScopeInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         """llmtrace's server interceptor (see the module docstring)."""
 
+        def __init__(self, spans: bool = False) -> None:
+            self.handlers = _Handlers(_traced_handler, spans)
+
         def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
             handler = continuation(details)
             if handler is None or INTEGRATION not in _server.ENABLED:
                 return handler
-            return _traced_handler(grpc, handler) or handler
+            return self.handlers.traced(grpc, handler, details.method)
 
     return ScopeInterceptor
 
@@ -143,35 +184,45 @@ def _aio_interceptor_class() -> type:
     class AioScopeInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         """llmtrace's ``grpc.aio`` server interceptor (see the module docstring)."""
 
+        def __init__(self, spans: bool = False) -> None:
+            self.handlers = _Handlers(_traced_aio_handler, spans)
+
         async def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
             handler = await continuation(details)
             if handler is None or INTEGRATION not in _server.ENABLED:
                 return handler
-            return _traced_aio_handler(grpc, handler) or handler
+            return self.handlers.traced(grpc, handler, details.method)
 
     return AioScopeInterceptor
 
 
-def _server_wrapper(signature: inspect.Signature, interceptor: Any) -> Callable[..., Any]:
+def _server_wrapper(signature: inspect.Signature, interceptor: Any, first: bool) -> Callable[..., Any]:
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        arguments = _with_interceptor(signature, interceptor, args, kwargs)
+        arguments = _with_interceptor(signature, interceptor, first, args, kwargs)
         if arguments is None:
             return wrapped(*args, **kwargs)
-        return wrapped(**arguments)
+        return wrapped(*arguments[0], **arguments[1])
 
     return wrapper
 
 
 @guarded("grpc.interceptor")
-def _with_interceptor(signature: inspect.Signature, interceptor: Any, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> dict[str, Any] | None:
+def _with_interceptor(signature: inspect.Signature, interceptor: Any, first: bool, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    if "interceptors" not in signature.parameters:
+        # Another wrapper of the function taking (*args, **kwargs) (OpenTelemetry's instrumentor,
+        # enabled before llmtrace): grpc's own functions take interceptors third at the earliest.
+        if len(args) > 2:
+            return None
+        return args, {**kwargs, "interceptors": extractors.with_interceptor(kwargs.get("interceptors"),
+                                                                             interceptor, first)}
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
         return None  # the host's own mistake: let grpc report it
     arguments = dict(bound.arguments)
-    arguments["interceptors"] = extractors.with_interceptor(arguments.get("interceptors"), interceptor)
-    return arguments
+    arguments["interceptors"] = extractors.with_interceptor(arguments.get("interceptors"), interceptor, first)
+    return (), arguments
 
 
 class GrpcInstrumentor(Instrumentor):
@@ -180,31 +231,43 @@ class GrpcInstrumentor(Instrumentor):
     distribution = _constants.DISTRIBUTION
     supported = _constants.SUPPORTED
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._otel = False  # whether _patch enabled OpenTelemetry's instrumentors (server_spans="otel")
+
     def _patch(self) -> None:
         import grpc
         import grpc.aio
-        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
 
         # The library's signatures, before OTel replaces the functions; ours wrap OTel's
         # replacements, so our interceptor is appended after OTel put its own first.
         signature, aio_signature = inspect.signature(grpc.server), inspect.signature(grpc.aio.server)
-        providers = _runtime.current().providers
-        tracer_provider = providers.tracer_provider if providers else None
-        otel: Any = GrpcInstrumentorServer  # untyped upstream
-        otel().instrument(tracer_provider=tracer_provider)
-        otel_aio: Any = GrpcAioInstrumentorServer
-        otel_aio().instrument(tracer_provider=tracer_provider)
-        self.patches.wrap(_constants.MODULE, _constants.SERVER, _server_wrapper(signature, _interceptor_class()()))
+        mode = _runtime.settings().server_spans
+        if mode == "otel":
+            from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
+
+            providers = _runtime.current().providers
+            tracer_provider = providers.tracer_provider if providers else None
+            otel: Any = GrpcInstrumentorServer  # untyped upstream
+            otel().instrument(tracer_provider=tracer_provider)
+            otel_aio: Any = GrpcAioInstrumentorServer
+            otel_aio().instrument(tracer_provider=tracer_provider)
+            self._otel = True
+        spans = mode == "llmtrace"
+        self.patches.wrap(_constants.MODULE, _constants.SERVER,
+                          _server_wrapper(signature, _interceptor_class()(spans), spans))
         self.patches.wrap(_constants.AIO_MODULE, _constants.SERVER,
-                          _server_wrapper(aio_signature, _aio_interceptor_class()()))
+                          _server_wrapper(aio_signature, _aio_interceptor_class()(spans), spans))
         _server.ENABLED.add(INTEGRATION)
 
     def _unpatch(self) -> None:
-        from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
-
         _server.ENABLED.discard(INTEGRATION)
         self.patches.restore()  # ours first: they wrap OTel's replacements of the server functions
-        otel: Any = GrpcInstrumentorServer
-        otel().uninstrument()
-        otel_aio: Any = GrpcAioInstrumentorServer
-        otel_aio().uninstrument()
+        if self._otel:
+            from opentelemetry.instrumentation.grpc import GrpcAioInstrumentorServer, GrpcInstrumentorServer
+
+            otel: Any = GrpcInstrumentorServer
+            otel().uninstrument()
+            otel_aio: Any = GrpcAioInstrumentorServer
+            otel_aio().uninstrument()
+            self._otel = False
