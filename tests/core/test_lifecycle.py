@@ -291,3 +291,24 @@ def test_request_under_a_parent_follows_its_sampling_decision(captured: Captured
     assert sampled == context.trace_flags.sampled
     exported = [s for s in captured.spans() if s.name == semconv.SPAN_REQUEST]
     assert (1 if sampled else 0) == len(exported)
+
+
+def test_cancelled_task_inside_the_request_block_ends_it_as_abort(captured: Captured) -> None:
+    """A task cancelled inside ``with start_request()`` (a client that went away, a cancelled
+    RPC) ends the request as abort, not as an error of the server."""
+    import asyncio
+
+    async def handler() -> None:
+        with start_request("cancelled"):
+            await asyncio.sleep(3600)
+
+    async def run() -> None:
+        task = asyncio.ensure_future(handler())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    (request,) = captured.named(semconv.SPAN_REQUEST)
+    assert semconv.FINISH_ABORT == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]

@@ -25,6 +25,7 @@ back for the server to put on ``llm.request``.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import uuid
@@ -277,7 +278,9 @@ class RequestHandle:
             _current_request.reset(self._token)
             self._token = None
         if exc is not None:
-            self.aborted(exc if not isinstance(exc, GeneratorExit) else None)
+            # A closed generator or a cancelled task is the caller going away (a client that
+            # disconnected, an RPC cancelled): ``abort``. Anything else is the request failing.
+            self.aborted(None if isinstance(exc, (GeneratorExit, asyncio.CancelledError)) else exc)
         else:
             self.finished()
 
