@@ -1,10 +1,9 @@
 """CPU per RPC in a gRPC server: untraced, OpenTelemetry's own instrumentation, llmtrace.
 
-The gRPC counterpart of ``bench_asgi_request.py``. llmtrace reuses
-opentelemetry-instrumentation-grpc for the SERVER span and appends its own interceptor
-(``integrations/grpc/patch.py``); this benchmark separates the two on one RPC path: a
-unary-stream RPC yielding *chunks* messages (as a streamed completion does), served through
-generic handlers with bytes messages (no protoc step).
+The gRPC counterpart of ``bench_asgi_request.py``: OpenTelemetry's gRPC server
+instrumentation and llmtrace's own SERVER span (``integrations/grpc/server_span.py``) on one
+RPC path: a unary-stream RPC yielding *chunks* messages (as a streamed completion does),
+served through generic handlers with bytes messages (no protoc step).
 
 A gRPC server is reached through a real channel, so the client runs in another process over
 loopback and only the server process is counted. One client at a time: ``--server sync``
@@ -19,8 +18,8 @@ Arms, each in a fresh server process (instrumentation is process-wide), interlea
   ``GrpcAioInstrumentorServer``) with an SDK tracer provider (parent-based, 10 % of traces),
   an SDK meter provider with a reader set globally (the gRPC instrumentation records no
   metrics); no span exporter;
-* ``production``: ``llmtrace.instrument(sample_ratio=0.1)`` (the same interceptor, llmtrace's
-  server scope inside it);
+* ``production``: ``llmtrace.instrument(sample_ratio=0.1)`` (llmtrace's interceptor makes the
+  SERVER span; OpenTelemetry's is not enabled);
 * ``full``: ``llmtrace.instrument()``, every RPC traced and exported to a file.
 
 Two measures per RPC: the serving thread's CPU (the one running the handler and the

@@ -186,11 +186,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("process_role", _str, "api-server",
            "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
     Option("server_spans", _choice(*SERVER_SPAN_MODES), "llmtrace",
-           "Who makes the HTTP SERVER span of an ASGI app (FastAPI, Starlette, vLLM's API server) or an "
-           "aiohttp app: "
-           "`llmtrace` (its own, built off the request path; the `http.server.*` metrics for every "
-           "request), `otel` (OpenTelemetry's ASGI/FastAPI middleware, exactly as that package emits it) "
-           "or `off` (no SERVER span, no HTTP metrics). An app the host already instrumented with "
+           "Who makes the SERVER span of an ASGI app (FastAPI, Starlette, vLLM's API server), an aiohttp "
+           "app or a gRPC server: "
+           "`llmtrace` (its own, built off the request path; the `http.server.*` / `rpc.server.*` metrics "
+           "for every request), `otel` (OpenTelemetry's instrumentation, exactly as that package emits it) "
+           "or `off` (no SERVER span, no HTTP/RPC metrics). A server the host already instrumented with "
            "OpenTelemetry keeps that span in every mode; llmtrace joins it."),
     Option("excluded_urls", _opt_str, None,
            "Comma-separated regular expressions; an HTTP call whose URL matches one gets no SERVER span and "
