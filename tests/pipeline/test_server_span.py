@@ -383,3 +383,53 @@ def test_unsampled_requests_are_in_the_exported_duration_histogram(tmp_path: Pat
     assert "/v1/stream/{model}" == attributes["http.route"]
     active = found["http.server.active_requests"]["sum"]["dataPoints"]
     assert ["0"] == [p.get("asInt") for p in active]
+
+
+def test_client_gone_at_the_last_message_ends_deferred_requests_as_abort(capture_spans: Any) -> None:
+    """A request whose end waits for the response (as generate()'s does) and a client that is
+    found gone only when the last message is sent: the request ends as abort, not stop. Driven
+    through ASGI directly with a send that fails like a server's on a closed connection (the
+    timing a real socket would need cannot be forced over loopback)."""
+    import asyncio
+
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from llmtrace.lifecycle.scope import DeferredFinish, current_scope
+
+    app = FastAPI()
+
+    @app.get("/v1/stream")
+    async def stream() -> StreamingResponse:
+        handle = llmtrace.start_request("deferred", model="tiny")
+        scope = current_scope()
+        assert scope is not None and scope.defer_finish(handle, DeferredFinish("stop", 2, None))
+
+        async def events() -> Any:
+            yield "data: 1\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": "/v1/stream", "raw_path": b"/v1/stream", "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"test")], "client": ("127.0.0.1", 5), "server": ("test", 80)}
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            raise ConnectionResetError("the client is gone")
+
+    async def call() -> None:
+        try:
+            await app(scope, receive, send)
+        except Exception as exc:  # noqa: BLE001 - Starlette reports the lost client; its type varies by version
+            assert "ClientDisconnect" in type(exc).__name__ or isinstance(exc, ConnectionResetError)
+
+    with capture_spans() as captured:
+        asyncio.run(call())
+        [request] = wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST, 1)
+    assert semconv.FINISH_ABORT == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]

@@ -146,8 +146,7 @@ class _Call:
                 if self._recording:
                     self._first_byte(message)
             if not message.get("more_body", False):
-                self.end_ns = monotonic_ns()
-                self.exchange.finish()
+                return self._last_body(message)
         elif kind == "http.response.start":
             status = message.get("status")
             self.status = status if isinstance(status, int) else None
@@ -155,6 +154,19 @@ class _Call:
             if self._recording:
                 message = self._traced_start(message) or message
         return self._downstream(message)
+
+    async def _last_body(self, message: Message) -> None:
+        """The response's last message: the call's requests end once it is sent — as ``abort`` when
+        sending it finds the client gone (a request can finish generating before the server
+        notices the disconnect). One coroutine per call, not per chunk."""
+        try:
+            await self._downstream(message)
+        except BaseException as exc:
+            if is_disconnect(exc):
+                self.exchange.disconnected(exc)
+            raise
+        self.end_ns = monotonic_ns()
+        self.exchange.finish()
 
     @guarded("asgi.first_byte")
     def _first_byte(self, message: Message) -> None:
