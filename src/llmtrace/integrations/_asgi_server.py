@@ -16,18 +16,17 @@ that middleware keeps the port in it (``example.com:8080``); the port is ``serve
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._http_metrics import KNOWN_METHODS, OTHER_METHOD, HttpServerMetrics, normalize_method
-from llmtrace._safety import guarded, record_error, warn_once
+from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _asgi, _server_span
 from llmtrace.integrations._asgi import (
     Message,
@@ -38,9 +37,11 @@ from llmtrace.integrations._asgi import (
     header,
     is_disconnect,
 )
+from llmtrace.integrations._http_span import error_type as http_error_type
+from llmtrace.integrations._http_span import excluded_urls, finish_http_span, server_span_in, split_host
 from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
 from llmtrace.lifecycle.phases import server_timing
 
 _SERVER = SpanKind.SERVER
@@ -67,7 +68,7 @@ class ServerSpanMiddleware:
             await self.app(scope, receive, send)
             return
         current = _server_span.current_context()
-        if current and _server_span_in(current):  # (an empty context, the usual case, holds no span)
+        if current and server_span_in(current):  # (an empty context, the usual case, holds no span)
             await self._joined(scope, receive, send)
             return
         try:
@@ -93,12 +94,6 @@ class ServerSpanMiddleware:
                 call.close()
             except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
                 record_error("asgi.server_span_close", exc)
-
-
-def _server_span_in(context: otel_context.Context) -> bool:
-    """Whether *context*'s current span is a SERVER span (someone above this middleware made one)."""
-    span = trace.get_current_span(context)
-    return getattr(span, "kind", None) is _SERVER and span.get_span_context().is_valid
 
 
 class _Call:
@@ -216,7 +211,7 @@ class _Call:
             self.exchange.finish()  # a response the app never completed
         route = self._route_of(self.scope)
         status, error = self.status, self.error
-        error_type = _error_type(status, error) if error is not None or (status or 0) >= 500 else None
+        error_type = http_error_type(status, error) if error is not None or (status or 0) >= 500 else None
         if self._metrics is not None and self._ended is not None:
             self._metrics.request_done(self._ended, (end - self.start_ns) * 1e-9, self.method, self.scheme, status,
                                        route, self.scope.get("http_version"), error_type)
@@ -224,44 +219,12 @@ class _Call:
             BUILDER.submit(lambda: self._build(end, route, error_type))
 
     def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
-        attributes = server_attributes(self.scope, self.method)
-        name = _span_method(self.method)
-        if route:
-            attributes[semconv.HTTP_ROUTE] = route
-            name = f"{name} {route}"
-        if self.status is not None:
-            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = self.status
-        status = _UNSET
-        events = []
-        if error_type is not None:
-            attributes[semconv.ERROR_TYPE] = error_type
-            status = Status(StatusCode.ERROR, _error_description(self.status, self.error))
-        if self.error is not None:
-            events.append(_server_span.exception_event(self.error, timestamp=to_wall_ns(end_ns, self.offset)))
-        _server_span.finish(self.start, name, self.start_ns, end_ns, self.offset, attributes, status, events)
-
-
-def _span_method(method: str) -> str:
-    return "HTTP" if method == OTHER_METHOD else method
+        finish_http_span(self.start, server_attributes(self.scope, self.method), self.method, route, self.status,
+                         error_type, self.error, self.start_ns, end_ns, self.offset)
 
 
 def _declares_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
     return _asgi.is_streamed({"headers": headers}, {})
-
-
-def _error_type(status: int | None, error: BaseException | None) -> str | None:
-    """``error.type`` by the HTTP conventions: the exception's type, else a 5xx status code."""
-    if error is not None:
-        return type(error).__qualname__
-    if status is not None and status >= 500:
-        return str(status)
-    return None
-
-
-def _error_description(status: int | None, error: BaseException | None) -> str:
-    if error is not None:
-        return f"{type(error).__name__}: {error}"
-    return f"HTTP {status}"
 
 
 # --------------------------------------------------------------------------- context
@@ -323,16 +286,6 @@ def request_url(scope: Message) -> str:
     return f"{scope.get('scheme') or 'http'}://{authority}{scope.get('path') or ''}"
 
 
-def split_host(host: str) -> tuple[str, int | None]:
-    """``example.com:8080`` -> (``example.com``, 8080); ``[::1]:8000`` -> (``::1``, 8000)."""
-    if host.startswith("["):
-        address, _, rest = host[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
-    else:
-        address, _, port_text = host.partition(":")
-    return address, int(port_text) if port_text.isdigit() else None
-
-
 def server_attributes(scope: Message, method: str) -> dict[str, Any]:
     """The request attributes of the SERVER span (built off the request path)."""
     attrs: dict[str, Any] = {semconv.HTTP_REQUEST_METHOD: method, semconv.URL_SCHEME: scope.get("scheme") or "http"}
@@ -365,23 +318,6 @@ def server_attributes(scope: Message, method: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- wiring
-def excluded_urls(integration: str) -> re.Pattern[str] | None:
-    """llmtrace's ``excluded_urls`` and OpenTelemetry's variables for *integration*
-    (``OTEL_PYTHON_<NAME>_EXCLUDED_URLS``, else ``OTEL_PYTHON_EXCLUDED_URLS``), as one pattern."""
-    sources = [_runtime.settings().excluded_urls,
-               os.environ.get(f"OTEL_PYTHON_{integration.upper()}_EXCLUDED_URLS")
-               or os.environ.get("OTEL_PYTHON_EXCLUDED_URLS")]
-    patterns = [p.strip() for source in sources if source for p in source.split(",") if p.strip()]
-    if not patterns:
-        return None
-    try:
-        return re.compile("|".join(f"(?:{p})" for p in patterns))
-    except re.error as exc:
-        warn_once(f"excluded-urls-{integration}", "llmtrace: excluded URLs %r are not valid regular expressions "
-                  "(%s); no URL is excluded", patterns, exc)
-        return None
-
-
 @guarded("asgi.traced_stack")
 def traced_stack(stack: Any, integration: str, route_of: Callable[[Message], str | None] | None = None) -> Any:
     """An app's built middleware stack with what ``server_spans`` asks for around it (the ``otel``

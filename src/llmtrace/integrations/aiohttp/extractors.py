@@ -9,7 +9,7 @@ from typing import Any
 
 from llmtrace import semconv
 from llmtrace.integrations._asgi import is_disconnect
-from llmtrace.integrations._asgi_server import split_host
+from llmtrace.integrations._http_span import split_host
 from llmtrace.integrations.aiohttp._constants import OTEL_MODULE
 
 __all__ = ["error_type", "is_disconnect", "is_excluded", "is_http_exception", "protocol_version", "route_of",

@@ -39,11 +39,11 @@ from llmtrace import _runtime, semconv
 from llmtrace._http_metrics import KNOWN_METHODS, OTHER_METHOD, HttpServerMetrics, normalize_method
 from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _server, _server_span
-from llmtrace.integrations._asgi_server import _error_description, _server_span_in
+from llmtrace.integrations._http_span import finish_http_span, server_span_in
 from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.integrations.aiohttp import extractors
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
 from llmtrace.lifecycle.phases import server_timing
 
 INTEGRATION = "aiohttp"
@@ -74,7 +74,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     if excluded is not None and extractors.is_excluded(excluded, request):
         return await handler(request)
     current = otel_context.get_current()
-    if current and _server_span_in(current):  # (an empty context, the usual case, holds no span)
+    if current and server_span_in(current):  # (an empty context, the usual case, holds no span)
         return await scope_middleware(request, handler)
     try:
         call = _Call(request)
@@ -271,19 +271,7 @@ class _Call:
             BUILDER.submit(lambda: self._build(end, route, error_type))
 
     def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
-        attributes = extractors.server_attributes(self.request, self.method)
-        name = "HTTP" if self.method == OTHER_METHOD else self.method
-        if route:
-            attributes[semconv.HTTP_ROUTE] = route
-            name = f"{name} {route}"
-        if self.status is not None:
-            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = self.status
-        status = _UNSET
-        events = []
-        if error_type is not None:
-            attributes[semconv.ERROR_TYPE] = error_type
-            error = None if extractors.is_http_exception(self.error) else self.error
-            status = Status(StatusCode.ERROR, _error_description(self.status, error))
-            if self.error is not None:
-                events.append(_server_span.exception_event(self.error, timestamp=to_wall_ns(end_ns, self.offset)))
-        _server_span.finish(self.start, name, self.start_ns, end_ns, self.offset, attributes, status, events)
+        # A raised HTTPException is the response the handler chose: no exception event for it.
+        error = None if extractors.is_http_exception(self.error) else self.error
+        finish_http_span(self.start, extractors.server_attributes(self.request, self.method), self.method, route,
+                         self.status, error_type, error, self.start_ns, end_ns, self.offset)

@@ -25,8 +25,8 @@ import wrapt
 from llmtrace import _runtime
 from llmtrace._safety import guarded
 from llmtrace.integrations import _server
-from llmtrace.integrations._asgi_server import excluded_urls
 from llmtrace.integrations._base import Instrumentor
+from llmtrace.integrations._http_span import excluded_urls
 from llmtrace.integrations.aiohttp import _constants, extractors, middleware
 from llmtrace.integrations.aiohttp.middleware import INTEGRATION, scope_middleware, server_span_middleware
 
