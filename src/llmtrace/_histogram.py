@@ -38,6 +38,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from llmtrace._safety import record_error
 from llmtrace._version import __version__
 
 #: A measurement's attributes as the recorder keeps them: any hashable value (a flat tuple is
@@ -203,7 +204,12 @@ class MergingMetricExporter(MetricExporter):
         self._registry = registry
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        return self._inner.export(self._merged(metrics_data), timeout_millis=timeout_millis, **kwargs)
+        try:
+            merged = self._merged(metrics_data)
+        except Exception as exc:  # noqa: BLE001 - llmtrace's histograms must never cost the SDK's metrics
+            record_error("metrics.merge", exc)
+            merged = metrics_data
+        return self._inner.export(merged, timeout_millis=timeout_millis, **kwargs)
 
     def _merged(self, metrics_data: MetricsData) -> MetricsData:
         ours = self._registry.metrics()

@@ -147,3 +147,21 @@ def test_a_delta_exporter_gets_the_sdk_instrument_instead() -> None:
     """Aggregated histograms are cumulative: an exporter that prefers delta is not merged into."""
     assert prefers_cumulative(_Capture())
     assert not prefers_cumulative(_Capture(AggregationTemporality.DELTA))
+
+
+def test_a_failing_histogram_never_costs_the_sdks_metrics() -> None:
+    """A histogram whose attributes cannot be built (a bad key) is left out of the export, counted
+    as an internal error; the SDK's own metrics are exported as collected."""
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    registry = HistogramRegistry(Resource.create({}))
+    broken = registry.add(AggregatedHistogram("broken", "s", "", BOUNDS, _attributes))
+    broken.record((0.1, ("only-one-value",)))  # _attributes needs two
+    inner = _Capture()
+    reader = PeriodicExportingMetricReader(MergingMetricExporter(inner, registry), export_interval_millis=3_600_000)
+    provider = MeterProvider(metric_readers=[reader])
+    provider.get_meter("app").create_counter("requests").add(1)
+    reader.collect()
+    provider.shutdown()
+    names = [m.name for r in inner.batches[0].resource_metrics for s in r.scope_metrics for m in s.metrics]
+    assert ["requests"] == names
