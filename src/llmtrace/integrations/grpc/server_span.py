@@ -68,8 +68,8 @@ def _is_abort(error: BaseException) -> bool:
 class Rpc:
     """One RPC under llmtrace's SERVER span."""
 
-    __slots__ = ("_live", "_metrics", "_recording", "code", "context", "details", "end_ns", "error", "exchange",
-                 "method", "name", "offset", "peer", "start", "start_ns")
+    __slots__ = ("_gone", "_live", "_metrics", "_recording", "code", "context", "deadline_ns", "details", "end_ns",
+                 "error", "exchange", "method", "name", "offset", "peer", "start", "start_ns")
 
     def __init__(self, method: str, name: str, metadata: Any) -> None:
         self.start_ns = start = monotonic_ns()
@@ -82,6 +82,8 @@ class Rpc:
         self.exchange = Exchange(span, start, offset, self.context)
         self.code: int | None = None  # set on a failure or a cancel; else read from the servicer context
         self.details: str | None = None
+        self.deadline_ns: int | None = None  # when the client's deadline passes (monotonic), if it set one
+        self._gone = False  # cancelled: its servicer context is not asked anything any more
         self.error: BaseException | None = None
         self.peer: str | None = None
         self.end_ns: int | None = None
@@ -94,6 +96,7 @@ class Rpc:
             self.cancelled()
 
     def cancelled(self) -> None:
+        self._gone = True
         if self.code is None:
             self.code = CANCELLED
         self.exchange.disconnected()
@@ -118,15 +121,15 @@ class Rpc:
         if code is None:  # completed or aborted: the code the handler set, if any
             set_code = servicer_context.code()
             code = self.code = set_code.value[0] if set_code is not None else OK
-        elif code == CANCELLED:  # by the client, or by gRPC when the deadline passed
-            remaining = servicer_context.time_remaining()
-            if remaining is not None and remaining <= 0:
-                code = self.code = DEADLINE_EXCEEDED
+        # Cancelled by the client, or by gRPC when the deadline passed: told apart by the deadline
+        # read at arrival, since a cancelled RPC's servicer context is not asked anything
+        # (grpc.aio crashed the process on time_remaining() there).
+        elif code == CANCELLED and self.deadline_ns is not None and end >= self.deadline_ns:
+            code = self.code = DEADLINE_EXCEEDED
         if self._metrics is not None:
             self._metrics.rpc_done((end - self.start_ns) * 1e-9, semconv.RPC_SYSTEM_GRPC, self.method, code)
         if self._recording or self._live:
-            self.peer = servicer_context.peer()
-            if code in ERROR_CODES and self.error is None:
+            if code in ERROR_CODES and self.error is None and not self._gone:
                 details = servicer_context.details()
                 self.details = details.decode("utf-8", "replace") if isinstance(details, bytes) else details
             BUILDER.submit(self._build)
@@ -162,6 +165,11 @@ class Rpc:
 def open_rpc(method: str, name: str, servicer_context: Any, sync: bool) -> tuple[Rpc, Any] | None:
     """An RPC's SERVER span begun, its context attached and its scope entered: ``(rpc, token)``."""
     rpc = Rpc(method, name, servicer_context.invocation_metadata())
+    remaining = servicer_context.time_remaining()  # asked while the RPC is surely alive
+    if remaining is not None:
+        rpc.deadline_ns = rpc.start_ns + int(remaining * 1e9)
+    if rpc._recording or rpc._live:
+        rpc.peer = servicer_context.peer()
     if sync:
         servicer_context.add_callback(rpc.terminated)  # runs at termination; a no-op once complete
     token = _server_span.attach(rpc.context)
