@@ -228,25 +228,17 @@ def _declares_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 
 
 # --------------------------------------------------------------------------- context
-_fields_cache: tuple[Any, frozenset[bytes] | None] | None = None
-
-
-def _propagation_headers(propagator: Any) -> frozenset[bytes] | None:
-    """The header names *propagator* reads (None: it does not say, so every header is offered)."""
-    global _fields_cache
-    fields = getattr(propagator, "fields", None)
-    names = frozenset(f.lower().encode("latin-1") for f in fields) if isinstance(fields, (set, frozenset)) else None
-    _fields_cache = (propagator, names)
-    return names
-
-
 def extract_context(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Context:
     """The caller's context from the request headers, through the global propagator. A request
     that carries none of the propagator's headers (most, behind a load balancer that does not
     trace) gets the empty context without calling it."""
     propagator = propagate.get_global_textmap()
-    cached = _fields_cache
-    wanted = cached[1] if cached is not None and cached[0] is propagator else _propagation_headers(propagator)
+    cached = _server_span.fields_cache
+    if cached is not None and cached[0] is propagator:
+        fields = cached[1]
+    else:
+        fields = _server_span.propagation_fields(propagator)
+    wanted = None if fields is None else fields.raw
     carrier: dict[str, str] | None = None
     for name, value in headers:
         if wanted is None or name in wanted:

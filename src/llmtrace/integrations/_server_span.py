@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -154,6 +154,31 @@ NO_PARENT = otel_context.Context()
 #: The key under which OpenTelemetry's API keeps the current span in a context, read off the API
 #: itself: a call with no parent gets ``Context({key: span})`` without the API's two copies.
 _SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
+
+
+class PropagationFields(NamedTuple):
+    """The header (or metadata) names the global propagator reads, lower-case: as text, and as the
+    bytes ASGI headers carry."""
+
+    text: frozenset[str]
+    raw: frozenset[bytes]
+
+
+#: ``(propagator, its fields)`` for the propagator last asked about. Server integrations read it
+#: inline once per call (a hit costs no frame) and call :func:`propagation_fields` on a miss.
+fields_cache: tuple[Any, PropagationFields | None] | None = None
+
+
+def propagation_fields(propagator: Any) -> PropagationFields | None:
+    """*propagator*'s fields (None: it does not say, so every header is offered to it), cached."""
+    global fields_cache
+    fields = getattr(propagator, "fields", None)
+    names = None
+    if isinstance(fields, (set, frozenset)):
+        text = frozenset(f.lower() for f in fields)
+        names = PropagationFields(text, frozenset(f.encode("latin-1") for f in text))
+    fields_cache = (propagator, names)
+    return names
 
 
 def begin(parent_context: otel_context.Context, name: str, start_ns: int, offset: int) -> ServerSpanStart:

@@ -163,17 +163,20 @@ def extract_context(headers: Any) -> otel_context.Context:
     the global propagator; a request that carries none of the propagator's headers gets the empty
     context without calling it (as ``_asgi_server.extract_context``)."""
     propagator = propagate.get_global_textmap()
-    cached = _fields_cache
-    wanted = cached[1] if cached is not None and cached[0] is propagator else _propagation_fields(propagator)
+    cached = _server_span.fields_cache
+    if cached is not None and cached[0] is propagator:
+        fields = cached[1]
+    else:
+        fields = _server_span.propagation_fields(propagator)
     carrier: dict[str, str] | None = None
-    if wanted is None:
+    if fields is None:
         for name, value in headers.items():
             if carrier is None:
                 carrier = {}
             key = name.lower()
             carrier[key] = f"{carrier[key]},{value}" if key in carrier else value
     else:
-        for name in wanted:
+        for name in fields.text:
             if name in headers:
                 if carrier is None:
                     carrier = {}
@@ -181,18 +184,6 @@ def extract_context(headers: Any) -> otel_context.Context:
     if carrier is None:
         return _server_span.NO_PARENT
     return propagator.extract(carrier, context=otel_context.Context())
-
-
-_fields_cache: tuple[Any, tuple[str, ...] | None] | None = None
-
-
-def _propagation_fields(propagator: Any) -> tuple[str, ...] | None:
-    """The header names *propagator* reads (None: it does not say, so every header is offered)."""
-    global _fields_cache
-    fields = getattr(propagator, "fields", None)
-    names = tuple(sorted({f.lower() for f in fields})) if isinstance(fields, (set, frozenset)) else None
-    _fields_cache = (propagator, names)
-    return names
 
 
 class _Call:

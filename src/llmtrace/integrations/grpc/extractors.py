@@ -69,18 +69,6 @@ def peer_address(peer: str) -> tuple[str, int | None] | None:
 
 
 # --------------------------------------------------------------------------- context
-_fields_cache: tuple[Any, frozenset[str] | None] | None = None
-
-
-def _propagation_keys(propagator: Any) -> frozenset[str] | None:
-    """The metadata keys *propagator* reads (None: it does not say, so every key is offered)."""
-    global _fields_cache
-    fields = getattr(propagator, "fields", None)
-    names = frozenset(f.lower() for f in fields) if isinstance(fields, (set, frozenset)) else None
-    _fields_cache = (propagator, names)
-    return names
-
-
 def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> otel_context.Context:
     """The caller's context from an RPC's invocation metadata, through the global propagator. An
     RPC whose metadata carries none of the propagator's keys gets the empty context without
@@ -88,8 +76,12 @@ def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> otel_context.
     if not metadata:
         return _server_span.NO_PARENT
     propagator = propagate.get_global_textmap()
-    cached = _fields_cache
-    wanted = cached[1] if cached is not None and cached[0] is propagator else _propagation_keys(propagator)
+    cached = _server_span.fields_cache
+    if cached is not None and cached[0] is propagator:
+        fields = cached[1]
+    else:
+        fields = _server_span.propagation_fields(propagator)
+    wanted = None if fields is None else fields.text
     carrier: dict[str, str] | None = None
     for key, value in metadata:
         if (wanted is None or key in wanted) and isinstance(value, str):  # -bin values are bytes
