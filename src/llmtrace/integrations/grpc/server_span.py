@@ -20,6 +20,7 @@ opentelemetry-instrumentation-grpc describes it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -100,6 +101,14 @@ class Rpc:
         if self.code is None:
             self.code = CANCELLED
         self.exchange.disconnected()
+
+    def ended_by(self, error: BaseException) -> None:
+        """The handler ended with *error*: a closed response generator or a cancelled task is the
+        RPC going away (cancelled); anything else, the handler failing."""
+        if isinstance(error, (GeneratorExit, asyncio.CancelledError)):
+            self.cancelled()
+        else:
+            self.failed(error)
 
     def failed(self, error: BaseException) -> None:
         if not _is_abort(error):
@@ -208,7 +217,7 @@ def unary(behavior: Behavior, joined: Behavior, method: str) -> Behavior:
         try:
             return behavior(request, context)
         except BaseException as exc:
-            rpc.failed(exc)
+            rpc.ended_by(exc)
             raise
         finally:
             end_rpc(rpc, token, context)
@@ -242,11 +251,8 @@ def _stream(behavior: Behavior, request: Any, context: Any, method: str, name: s
             break
         # The rest is delegated (and closed with this generator): no Python-level step per message.
         yield from messages
-    except GeneratorExit:
-        rpc.cancelled()
-        raise
     except BaseException as exc:
-        rpc.failed(exc)
+        rpc.ended_by(exc)
         raise
     finally:
         end_rpc(rpc, token, context)
@@ -254,8 +260,6 @@ def _stream(behavior: Behavior, request: Any, context: Any, method: str, name: s
 
 def aio_unary(behavior: Behavior, joined: Behavior, method: str) -> Behavior:
     """A ``grpc.aio`` coroutine behavior (a unary response, or one written with ``context.write``)."""
-    import asyncio
-
     name = extractors.server_span_name(method)
 
     async def traced(request: Any, context: Any) -> Any:
@@ -267,11 +271,8 @@ def aio_unary(behavior: Behavior, joined: Behavior, method: str) -> Behavior:
         rpc, token = opened
         try:
             return await behavior(request, context)
-        except asyncio.CancelledError:
-            rpc.cancelled()
-            raise
         except BaseException as exc:
-            rpc.failed(exc)
+            rpc.ended_by(exc)
             raise
         finally:
             end_rpc(rpc, token, context)
@@ -281,8 +282,6 @@ def aio_unary(behavior: Behavior, joined: Behavior, method: str) -> Behavior:
 
 def aio_streaming(behavior: Behavior, joined: Behavior, method: str) -> Behavior:
     """A ``grpc.aio`` async-generator behavior under its SERVER span."""
-    import asyncio
-
     name = extractors.server_span_name(method)
 
     async def traced(request: Any, context: Any) -> AsyncIterator[Any]:
@@ -303,11 +302,8 @@ def aio_streaming(behavior: Behavior, joined: Behavior, method: str) -> Behavior
                     first = False
                     rpc.first_message()
                 yield message
-        except (GeneratorExit, asyncio.CancelledError):
-            rpc.cancelled()
-            raise
         except BaseException as exc:
-            rpc.failed(exc)
+            rpc.ended_by(exc)
             raise
         finally:
             end_rpc(rpc, token, context)
