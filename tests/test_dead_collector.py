@@ -1,6 +1,8 @@
-"""Fault: the collector is unreachable. The app keeps serving, memory stays bounded, drops are counted.
+"""Fault: the collector is unreachable and the spill is off. The app keeps serving, memory stays
+bounded, drops are counted.
 
 Each protocol's app runs once (module fixture); the tests below read different facts off that run.
+The spill (on by default) is covered by tests/core/test_spill.py and tests/chaos/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def dead_run(request: pytest.FixtureRequest) -> AppRun:
         "LLMTRACE_ENDPOINT": f"http://127.0.0.1:{free_port()}",
         "LLMTRACE_PROTOCOL": request.param,
         "LLMTRACE_MAX_QUEUE_SIZE": "2048",
+        "LLMTRACE_SPILL_MAX_BYTES": "0",
         "LLMTRACE_METRICS_INTERVAL_S": "1",
         "APP_DURATION_S": "5",
         "APP_SHUTDOWN_S": str(SHUTDOWN_TIMEOUT_S),

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.context import Context
@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
+from llmtrace import semconv
 from llmtrace._gil import GilYield
 from llmtrace._otlp_json import encode_spans
 from llmtrace._safety import warn_once
@@ -209,36 +210,75 @@ def open_sink(path: str) -> _AppendFile:
 
 
 class ExportStats:
-    """What llmtrace's export path dropped (``llmtrace.spans.dropped``) and the CPU its
-    export threads spent (``llmtrace.overhead.cpu_time``, worker ``exporter``)."""
+    """Where the spans given to llmtrace's export path went: exported, spilled to disk, or dropped
+    (``llmtrace.spans.dropped``, by reason); and the CPU its export threads spent
+    (``llmtrace.overhead.cpu_time``, worker ``exporter``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.dropped = 0
+        self.dropped_by_reason: dict[str, int] = {}
+        self.exported = 0
+        self.spilled = 0
         self.cpu_s = 0.0
 
-    def add(self, count: int) -> None:
+    @property
+    def dropped(self) -> int:
+        return sum(self.dropped_by_reason.values())
+
+    def add(self, count: int, reason: str) -> None:
         with self._lock:
-            self.dropped += count
+            self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + count
+
+    def add_exported(self, count: int) -> None:
+        with self._lock:
+            self.exported += count
+
+    def add_spilled(self, count: int) -> None:
+        with self._lock:
+            self.spilled += count
 
     def add_cpu(self, seconds: float) -> None:
         with self._lock:
             self.cpu_s += seconds
 
 
-class _CountingExporter(SpanExporter):
-    """Counts what the inner exporter failed to deliver, and says so once."""
+#: The queue's byte bound counts an estimate, taken where a span ends without reading its
+#: attributes (that would cost more than the rest of the enqueue): a fixed part plus one
+#: per attribute, event and link, sized on llmtrace's spans as the OTLP/JSON encoder writes
+#: them (an ``llm.request`` of 30 attributes: ~2.4 KB estimated, 1.9-2.6 KB encoded).
+SPAN_BYTES = 400
+ITEM_BYTES = 64
 
-    def __init__(self, inner: SpanExporter, drops: ExportStats, pending: list[int], name: str) -> None:
-        self._inner, self._drops, self._pending, self._name = inner, drops, pending, name
-        #: Set when llmtrace shuts down past its flush deadline: what is left is dropped and counted.
+
+def estimated_bytes(span: ReadableSpan) -> int:
+    return SPAN_BYTES + ITEM_BYTES * (len(span.attributes or ()) + len(span.events) + len(span.links))
+
+
+class _Spill(Protocol):
+    """What the processor needs of the spill (:class:`llmtrace._spill_export.Spiller`)."""
+
+    def offer(self, span: ReadableSpan, size: int) -> bool: ...
+
+    def write(self, spans: Sequence[ReadableSpan]) -> bool: ...
+
+    def stop(self, timeout_s: float) -> None: ...
+
+
+class _CountingExporter(SpanExporter):
+    """Counts what the inner exporter delivered; what it could not goes to the spill, or is
+    dropped and counted, and said once."""
+
+    def __init__(self, inner: SpanExporter, drops: ExportStats, pending: list[int], name: str,
+                 spill: _Spill | None) -> None:
+        self._inner, self._drops, self._pending, self._name, self._spill = inner, drops, pending, name, spill
+        #: Set when llmtrace shuts down past its flush deadline: what is left is spilled, or dropped and counted.
         self.closing = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._pending[0] -= len(spans)
+        self._pending[1] -= sum(map(estimated_bytes, spans))
         if self.closing:
-            self._pending[0] -= len(spans)
-            self._drops.add(len(spans))
-            return SpanExportResult.FAILURE
+            return self._undelivered(spans, semconv.DROP_SHUTDOWN)
         cpu_start = time.thread_time()
         try:
             result = self._inner.export(spans)
@@ -246,14 +286,20 @@ class _CountingExporter(SpanExporter):
             warn_once(f"export-exc:{self._name}", "llmtrace: exporter %s failed: %r", self._name, exc)
             result = SpanExportResult.FAILURE
         finally:
-            self._pending[0] -= len(spans)
             self._drops.add_cpu(time.thread_time() - cpu_start)
-        if result is not SpanExportResult.SUCCESS:
-            self._drops.add(len(spans))
-            warn_once(f"export-fail:{self._name}",
-                      "llmtrace: exporting to %s failed; spans are being dropped and counted "
-                      "(metric llmtrace.spans.dropped). The application is unaffected.", self._name)
-        return result
+        if result is SpanExportResult.SUCCESS:
+            self._drops.add_exported(len(spans))
+            return result
+        return self._undelivered(spans, semconv.DROP_EXPORT_FAILED)
+
+    def _undelivered(self, spans: Sequence[ReadableSpan], reason: str) -> SpanExportResult:
+        if self._spill is not None and self._spill.write(spans):
+            return SpanExportResult.FAILURE
+        self._drops.add(len(spans), reason)
+        warn_once(f"export-fail:{self._name}",
+                  "llmtrace: exporting to %s failed; spans are being dropped and counted "
+                  "(metric llmtrace.spans.dropped). The application is unaffected.", self._name)
+        return SpanExportResult.FAILURE
 
     def shutdown(self) -> None:
         self._inner.shutdown()
@@ -263,17 +309,23 @@ class _CountingExporter(SpanExporter):
 
 
 class BoundedSpanProcessor(SpanProcessor):
-    """A BatchSpanProcessor whose queue bound is enforced and whose drops are counted.
+    """A BatchSpanProcessor whose queue is bounded in spans and (estimated) bytes, and whose
+    every span is accounted for in :class:`ExportStats`.
 
-    The SDK's batch processor also bounds its queue, but drops silently; here a
-    span beyond ``max_queue_size`` pending is counted in :class:`ExportStats`.
+    The SDK's batch processor also bounds its queue, but drops silently. Here a span that
+    finds the queue full goes to the *spill*'s overflow when there is one (written to disk
+    by the spill's own thread: nothing here blocks), else it is dropped and counted.
     """
 
-    def __init__(self, exporter: SpanExporter, drops: ExportStats, max_queue_size: int, name: str) -> None:
-        self._pending = [0]  # a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
+    def __init__(self, exporter: SpanExporter, drops: ExportStats, max_queue_size: int, name: str,
+                 max_queue_bytes: int = 1 << 62, spill: _Spill | None = None) -> None:
+        # [spans, bytes] pending; a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
+        self._pending = [0, 0]
         self._max = max_queue_size
+        self._max_bytes = max_queue_bytes
         self._drops = drops
-        self._counting = _CountingExporter(exporter, drops, self._pending, name)
+        self._spill = spill
+        self._counting = _CountingExporter(exporter, drops, self._pending, name, spill)
         self._batch = BatchSpanProcessor(
             self._counting,
             max_queue_size=max_queue_size,
@@ -288,12 +340,17 @@ class BoundedSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if not span.context or not span.context.trace_flags.sampled:
             return
-        if self._pending[0] >= self._max:
-            self._drops.add(1)
-            warn_once("export-queue-full", "llmtrace: export queue full (%d spans); dropping and counting",
-                      self._max)
+        size = estimated_bytes(span)
+        pending = self._pending
+        if pending[0] >= self._max or pending[1] + size > self._max_bytes:
+            if self._spill is not None and self._spill.offer(span, size):
+                return
+            self._drops.add(1, semconv.DROP_QUEUE_FULL)
+            warn_once("export-queue-full", "llmtrace: export queue full (%d spans or %d bytes); dropping and "
+                      "counting", self._max, self._max_bytes)
             return
-        self._pending[0] += 1
+        pending[0] += 1
+        pending[1] += size
         self._batch.on_end(span)
 
     def shutdown(self) -> None:
@@ -301,9 +358,12 @@ class BoundedSpanProcessor(SpanProcessor):
 
     def close(self, timeout_millis: int) -> None:
         """Stop within *timeout_millis*: whatever could not be exported by then is dropped and counted."""
+        deadline = time.monotonic() + timeout_millis / 1000
         self._counting.closing = True
         # BatchSpanProcessor.shutdown() takes no timeout; its inner processor does.
         self._batch._batch_processor.shutdown(timeout_millis=max(1, timeout_millis))
+        if self._spill is not None:
+            self._spill.stop(deadline - time.monotonic())
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export what is queued, giving up after *timeout_millis*.

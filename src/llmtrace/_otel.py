@@ -47,6 +47,7 @@ from llmtrace._export import (
     open_sink,
 )
 from llmtrace._histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
+from llmtrace._spill_export import with_spill
 from llmtrace._version import __version__
 from llmtrace.config import Settings
 
@@ -274,8 +275,13 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
             processor: SpanProcessor
             if kind == "console":
                 processor = SimpleSpanProcessor(exporter)
+            elif kind == "otlp" and (spilling := with_spill(exporter, settings, drops)) is not None:
+                breaker, spiller = spilling
+                processor = BoundedSpanProcessor(breaker, drops, settings.max_queue_size, name,
+                                                 settings.max_queue_bytes, spiller)
             else:
-                processor = BoundedSpanProcessor(exporter, drops, settings.max_queue_size, name)
+                processor = BoundedSpanProcessor(exporter, drops, settings.max_queue_size, name,
+                                                 settings.max_queue_bytes)
             processors.append(processor)
     if host_tp is None:
         sampler = LLMTraceSampler(settings.sample_ratio)

@@ -181,7 +181,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics", _bool, True, "Export serving and GPU metrics."),
     Option("metrics_interval_s", _number(float, 0.1, 3600.0), 10.0, "Metric export period, seconds."),
     Option("max_queue_size", _number(int, 16, 10_000_000), 8192,
-           "Spans held for export at most; beyond it spans are dropped and counted."),
+           "Spans held in memory for export at most; beyond it (or `max_queue_bytes`) a span goes to the "
+           "spill (see `spill_max_bytes`), else it is dropped and counted (`llmtrace.spans.dropped`, "
+           "`reason=queue_full`)."),
+    Option("max_queue_bytes", _number(int, 65_536, 1 << 40), 32 * 1024 * 1024,
+           "Bytes held in memory for export at most (estimated per span: 400 + 64 per attribute, event and "
+           "link), besides `max_queue_size`. The spill's in-memory overflow holds a quarter of both bounds "
+           "more."),
+    Option("spill_dir", _opt_str, None,
+           "Where OTLP export batches go while the endpoint fails, as rotated OTLP-JSON-lines files, re-sent "
+           "when it is back (`llmtrace analyze DIR/*.jsonl` reads them in place). Default: "
+           "`$XDG_STATE_HOME/llmtrace/spill` (`~/.local/state/llmtrace/spill`), else a directory under the "
+           "system temporary directory. Several processes may share it."),
+    Option("spill_max_bytes", _number(int, 0, 1 << 50), 256 * 1024 * 1024,
+           "Disk bytes the spill may use; beyond it the oldest spans are deleted and counted as dropped "
+           "(`reason=spill_full`). `0` turns the spill off (spans the endpoint refuses are dropped and counted)."),
     Option("gc_spans", _bool, True, "Emit `llm.gc` spans for garbage-collector pauses in engine windows."),
     Option("process_role", _str, "api-server",
            "`llmtrace.process.role` resource attribute (api-server, engine, worker)."),
@@ -228,6 +242,9 @@ class Settings:
     metrics: bool = True
     metrics_interval_s: float = 10.0
     max_queue_size: int = 8192
+    max_queue_bytes: int = 32 * 1024 * 1024
+    spill_dir: str | None = None
+    spill_max_bytes: int = 256 * 1024 * 1024
     gc_spans: bool = True
     process_role: str = "api-server"
     server_spans: str = "llmtrace"

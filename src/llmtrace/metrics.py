@@ -62,7 +62,11 @@ class ServingMetrics:
         meter.create_observable_gauge(semconv.METRIC_GPU_IDLE_RATIO, [self._observe_idle], unit="1",
                                       description="Share of the last engine window with no forward pass running")
         meter.create_observable_counter(semconv.METRIC_DROPPED_SPANS, [self._observe_drops], unit="{span}",
-                                        description="Spans dropped by the export path")
+                                        description="Spans dropped by the export path, by reason")
+        meter.create_observable_counter(semconv.METRIC_EXPORTED_SPANS, [self._observe_exported], unit="{span}",
+                                        description="Spans the OTLP endpoint or file took (re-sent ones included)")
+        meter.create_observable_counter(semconv.METRIC_SPILLED_SPANS, [self._observe_spilled], unit="{span}",
+                                        description="Spans written to the spill while the OTLP endpoint failed")
         meter.create_observable_counter(semconv.METRIC_OVERHEAD_CPU, [self._observe_overhead], unit="s",
                                         description="CPU time of llmtrace's own threads (span builder, "
                                                     "span export) in this process")
@@ -114,8 +118,15 @@ class ServingMetrics:
     def _observe_drops(self, options: CallbackOptions) -> list[Observation]:
         from llmtrace.lifecycle.builder import BUILDER
 
-        dropped = (self._drops.dropped if self._drops else 0) + BUILDER.dropped
-        return [Observation(dropped)]
+        by_reason = dict(self._drops.dropped_by_reason) if self._drops else {}
+        by_reason[semconv.DROP_BUILDER_BACKLOG] = BUILDER.dropped
+        return [Observation(count, {semconv.DROP_REASON: reason}) for reason, count in by_reason.items()]
+
+    def _observe_exported(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._drops.exported if self._drops else 0)]
+
+    def _observe_spilled(self, options: CallbackOptions) -> list[Observation]:
+        return [Observation(self._drops.spilled if self._drops else 0)]
 
     def _observe_overhead(self, options: CallbackOptions) -> list[Observation]:
         from llmtrace.lifecycle.builder import BUILDER

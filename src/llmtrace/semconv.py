@@ -195,6 +195,9 @@ METRIC_BATCH_SIZE: Final = "llmtrace.batch.size"
 METRIC_GPU_IDLE_RATIO: Final = "llmtrace.gpu.idle_ratio"
 METRIC_GPU_AVAILABLE: Final = "llmtrace.gpu.available"
 METRIC_DROPPED_SPANS: Final = "llmtrace.spans.dropped"
+METRIC_EXPORTED_SPANS: Final = "llmtrace.spans.exported"
+METRIC_SPILLED_SPANS: Final = "llmtrace.spans.spilled"
+DROP_REASON: Final = "reason"  # on METRIC_DROPPED_SPANS: one of the DROP_* values below
 METRIC_INSTRUMENTATION_ERRORS: Final = "llmtrace.instrumentation.errors"
 METRIC_OVERHEAD_CPU: Final = "llmtrace.overhead.cpu_time"
 LLMTRACE_WORKER: Final = "llmtrace.worker"  # span_builder | exporter on METRIC_OVERHEAD_CPU
@@ -219,3 +222,10 @@ FINISH_STOP: Final = "stop"
 FINISH_LENGTH: Final = "length"
 FINISH_ABORT: Final = "abort"
 FINISH_ERROR: Final = "error"
+
+# Why a span was dropped (DROP_REASON on METRIC_DROPPED_SPANS).
+DROP_QUEUE_FULL: Final = "queue_full"  # the in-memory export queue and its overflow were full
+DROP_EXPORT_FAILED: Final = "export_failed"  # the exporter failed and there is no spill to keep it
+DROP_SPILL_FULL: Final = "spill_full"  # deleted from a full spill directory before it was re-sent
+DROP_SHUTDOWN: Final = "shutdown"  # still queued when shutdown's deadline passed, and no spill
+DROP_BUILDER_BACKLOG: Final = "builder_backlog"  # the span builder was too far behind to take the record

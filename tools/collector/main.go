@@ -1,14 +1,16 @@
 // Command llmtrace-otelcol is a minimal OpenTelemetry Collector distribution for the
 // two-tier gateway example in collector/gateway/: the components the front tier needs
-// (OTLP in, a loadbalancing exporter routing by trace ID), which neither Jaeger v2 nor
-// the tests' other binary compile in. It is what the OpenTelemetry Collector Builder
-// would generate for the same component list; `scripts/stack.py build` builds it.
+// (OTLP in, a loadbalancing exporter routing by trace ID, the file_storage extension behind
+// its persistent sending queue), which Jaeger v2 does not compile in. It is what the
+// OpenTelemetry Collector Builder would generate for the same component list;
+// `scripts/stack.py build` builds it.
 package main
 
 import (
 	"log"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/exporter/loadbalancingexporter"
+	"github.com/open-telemetry/opentelemetry-collector-contrib/extension/storage/filestorage"
 	"go.opentelemetry.io/collector/component"
 	"go.opentelemetry.io/collector/confmap"
 	"go.opentelemetry.io/collector/confmap/provider/envprovider"
@@ -30,7 +32,9 @@ import (
 func components() (otelcol.Factories, error) {
 	var err error
 	factories := otelcol.Factories{Telemetry: otelconftelemetry.NewFactory()}
-	if factories.Extensions, err = otelcol.MakeFactoryMap[extension.Factory](); err != nil {
+	if factories.Extensions, err = otelcol.MakeFactoryMap[extension.Factory](
+		filestorage.NewFactory(),
+	); err != nil {
 		return otelcol.Factories{}, err
 	}
 	if factories.Receivers, err = otelcol.MakeFactoryMap[receiver.Factory](
