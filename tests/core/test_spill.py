@@ -37,7 +37,7 @@ class Receiver:
         received = self.span_ids
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 for rs in body.get("resourceSpans", []):
                     for ss in rs["scopeSpans"]:
@@ -183,7 +183,7 @@ def test_a_later_process_resends_what_a_dead_one_spilled(tmp_path: Path, port: i
     assert 100 == stats.spilled
     receiver = Receiver(port)
     try:
-        provider2, processor2, stats2 = _pipeline(tmp_path, port)
+        _, processor2, stats2 = _pipeline(tmp_path, port)
         _wait(lambda: len(receiver.span_ids) >= 100)
         assert sorted(sent) == sorted(receiver.span_ids)
         assert 100 == stats2.exported
