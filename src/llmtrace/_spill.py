@@ -101,6 +101,7 @@ class SpillStore:
         self._lock_fd = -1
         self._seq = 0
         self._adopted_scan = False
+        self._closed = False
 
     # ------------------------------------------------------------------ writing
 
@@ -108,6 +109,8 @@ class SpillStore:
         """Append *spans* as one line; False (nothing written) when the disk refuses it."""
         data = (encode_spans(spans, GilYield().maybe) + "\n").encode()
         with self._lock:
+            if self._closed:
+                return False
             if len(data) > self.max_bytes:
                 self._on_drop(len(spans))
                 return True  # accounted for: dropped, not lost
@@ -281,15 +284,19 @@ class SpillStore:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Stop writing; the segments stay for the next process or for ``llmtrace analyze``."""
+        """Stop writing; unsent segments stay for the next process or for ``llmtrace analyze``."""
         with self._lock:
+            self._closed = True
             self._close_active()
-            for segment in list(self._segments):
-                if not segment.spans and segment.lines_sent:
-                    self._forget(segment)
-            for fd in {s.owner_lock for s in self._segments if s.owner_lock >= 0} | {self._lock_fd}:
-                if fd >= 0:
-                    os.close(fd)
+            for segment in [s for s in self._segments if not s.spans]:  # all re-sent
+                self._forget(segment)
+            if self._lock_fd >= 0:
+                if not any(s.owner_lock < 0 for s in self._segments):
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(self.directory, self._prefix + ".lock"))
+                os.close(self._lock_fd)
+            for fd in {s.owner_lock for s in self._segments if s.owner_lock >= 0}:
+                os.close(fd)
             self._segments = []
             self._lock_fd = -1
 

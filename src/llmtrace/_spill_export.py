@@ -155,7 +155,6 @@ class Spiller:
                 record_error("spill", exc)
             self._wake.wait(IDLE_WAKE_S)
             self._wake.clear()
-        self._drain_overflow()
 
     def _drain_overflow(self) -> None:
         while self._overflow:
@@ -164,7 +163,7 @@ class Spiller:
                 span = self._overflow.popleft()
                 self._overflow_bytes[0] -= estimated_bytes(span)
                 batch.append(span)
-            if self._stopping or not self.write(batch):
+            if not self.write(batch):
                 self._stats.add(len(batch), semconv.DROP_QUEUE_FULL)
 
     def _resend(self) -> None:
@@ -189,11 +188,10 @@ class Spiller:
         """Write what the overflow holds and stop; the spill stays on disk."""
         self._stopping = True
         self._wake.set()
+        self._drain_overflow()
         thread = self._thread
         if thread is not None and thread.is_alive():
-            thread.join(max(0.0, timeout_s))
-        else:
-            self._drain_overflow()
+            thread.join(max(0.0, timeout_s))  # it may be inside one export; it stops after that
         self.store.close()
 
     def after_fork_in_child(self) -> None:
