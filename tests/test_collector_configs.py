@@ -22,6 +22,7 @@ from tests.stack.stack import TEST_SAMPLING, GatewayStack, OtelStack, by_trace
 COLLECTOR = REPO_ROOT / "collector" / "otel-collector.yaml"
 JAEGER = REPO_ROOT / "collector" / "jaeger.yaml"
 GATEWAY_TIER1 = REPO_ROOT / "collector" / "gateway" / "tier1-loadbalancer.yaml"
+PERSISTENT_QUEUE = REPO_ROOT / "collector" / "persistent-queue.yaml"
 COMPOSE = REPO_ROOT / "docker-compose.yml"
 GATEWAY_COMPOSE = REPO_ROOT / "collector" / "gateway" / "docker-compose.yml"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "dashboards" / "llmtrace.json"
@@ -36,8 +37,9 @@ CONTRIB_AND_JAEGER = {
     "connectors": {"forward", "spanmetrics"},
     "extensions": {"pprof", "zpages", "basicauth", "sigv4auth"},  # no health check is in both
 }
-#: Contrib components the gateway tier needs besides those (contrib has them; Jaeger does not).
-CONTRIB_GATEWAY_EXTRA = {"exporters": {"loadbalancing"}}
+#: Contrib components the gateway tier and the persistent-queue overlay need besides those
+#: (contrib and tools/collector have them; Jaeger does not).
+CONTRIB_GATEWAY_EXTRA = {"exporters": {"loadbalancing"}, "extensions": {"file_storage"}}
 #: Jaeger image tag <-> Go module version built for the tests.
 JAEGER_IMAGE_FOR_MODULE = {"v1.76.0": "2.13.0"}
 
@@ -98,6 +100,38 @@ def test_gateway_config_uses_only_contrib_components_the_test_binary_has() -> No
 
 
 @pytest.mark.stack
+def test_persistent_queue_overlay_loads_over_a_pipeline_with_the_jaeger_exporter(tmp_path: Path) -> None:
+    """persistent-queue.yaml merged (a second --config) over a pipeline that has otel-collector.yaml's
+    ``otlp/jaeger`` exporter loads in the tools/collector distribution, which has file_storage.
+    (otelcol-contrib, which runs the full pair, is not built here; its components are checked below.)"""
+    exporter = _load(COLLECTOR)["exporters"]["otlp/jaeger"]
+    pipeline = {
+        "receivers": {"otlp": {"protocols": {"grpc": {"endpoint": "127.0.0.1:0"}}}},
+        "exporters": {"otlp/jaeger": exporter},
+        "service": {"pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["otlp/jaeger"]}}},
+    }
+    base = tmp_path / "pipeline.yaml"
+    base.write_text(yaml.safe_dump(pipeline))
+    proc = subprocess.run([str(build_gateway_collector()), "validate", "--config", f"file:{base}",
+                           "--config", f"file:{PERSISTENT_QUEUE}"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert 0 == proc.returncode, proc.stderr[-3000:]
+
+
+def test_persistent_queue_overlay_puts_every_queued_exporter_of_the_collector_on_disk() -> None:
+    """Every exporter of otel-collector.yaml with a sending queue gets the overlay's storage, an
+    extension the service starts and that contrib compiles in."""
+    collector, overlay = _load(COLLECTOR), _load(PERSISTENT_QUEUE)
+    queued = {name for name, cfg in collector["exporters"].items() if "sending_queue" in (cfg or {})}
+    assert {"otlp/jaeger"} == queued
+    storage = {name: cfg["sending_queue"]["storage"] for name, cfg in overlay["exporters"].items()}
+    assert {name: "file_storage/queue" for name in queued} == storage
+    assert ["file_storage/queue"] == overlay["service"]["extensions"]
+    assert {"file_storage"} == {name.split("/")[0] for name in overlay["extensions"]}
+    assert "file_storage" in CONTRIB_GATEWAY_EXTRA["extensions"]
+
+
+@pytest.mark.stack
 def test_two_tier_gateway_delivers_whole_traces_through_both_tier2_collectors(
         tmp_path: Path) -> None:
     """tier 1 (loadbalancing by traceID) -> 2 x tier 2 (otel-collector.yaml) -> Jaeger."""
@@ -130,7 +164,7 @@ def test_two_tier_gateway_delivers_whole_traces_through_both_tier2_collectors(
 # ----------------------------------------------------------------------------- config content
 
 
-@pytest.mark.parametrize("config", [COLLECTOR, JAEGER, GATEWAY_TIER1], ids=lambda p: p.name)
+@pytest.mark.parametrize("config", [COLLECTOR, JAEGER, GATEWAY_TIER1, PERSISTENT_QUEUE], ids=lambda p: p.name)
 def test_every_env_reference_has_a_default(config: Path) -> None:
     """docker-compose runs the files with no environment: each ${env:X} needs a :-default."""
     missing = [m.group(1) for m in ENV_REF.finditer(config.read_text()) if m.group(2) is None]

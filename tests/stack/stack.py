@@ -446,6 +446,7 @@ class GatewayStack:
                 "LLMTRACE_GATEWAY_TELEMETRY_PORT": str(g["tel"]),
                 "LLMTRACE_GATEWAY_TIER2_A": tier2_endpoints[0],
                 "LLMTRACE_GATEWAY_TIER2_B": tier2_endpoints[1],
+                "LLMTRACE_GATEWAY_QUEUE_DIR": str(backend.log_dir / "tier1-queue"),
             }
             processes.append(ManagedProcess("tier1", [gateway, "--config", f"file:{GATEWAY_CONFIG}"], env,
                                             otlp_http_accepts(f"127.0.0.1:{g['http']}"), backend.log_dir))
