@@ -11,11 +11,13 @@ Several processes (API server, engine) may append to one file: each batch is one
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -209,12 +211,22 @@ def open_sink(path: str) -> _AppendFile:
     return _AppendFile(path)
 
 
+def _reset_in_child(stats: weakref.ref[ExportStats]) -> None:
+    if (alive := stats()) is not None:
+        alive._reset()
+
+
 class ExportStats:
     """Where the spans given to llmtrace's export path went: exported, spilled to disk, or dropped
     (``llmtrace.spans.dropped``, by reason); and the CPU its export threads spent
     (``llmtrace.overhead.cpu_time``, worker ``exporter``)."""
 
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):  # per-process figures: a forked child counts from zero
+            os.register_at_fork(after_in_child=functools.partial(_reset_in_child, weakref.ref(self)))
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self.dropped_by_reason: dict[str, int] = {}
         self.exported = 0
@@ -321,10 +333,14 @@ class BoundedSpanProcessor(SpanProcessor):
                  max_queue_bytes: int = 1 << 62, spill: _Spill | None = None) -> None:
         # [spans, bytes] pending; a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
         self._pending = [0, 0]
+        if hasattr(os, "register_at_fork"):  # a forked child's batch processor starts with an empty queue
+            pending = self._pending
+            os.register_at_fork(after_in_child=lambda: pending.__setitem__(slice(None), [0, 0]))
         self._max = max_queue_size
         self._max_bytes = max_queue_bytes
         self._drops = drops
-        self._spill = spill
+        #: Where spans the endpoint refuses go (None: they are dropped and counted).
+        self.spill = spill
         self._counting = _CountingExporter(exporter, drops, self._pending, name, spill)
         self._batch = BatchSpanProcessor(
             self._counting,
@@ -343,7 +359,7 @@ class BoundedSpanProcessor(SpanProcessor):
         size = estimated_bytes(span)
         pending = self._pending
         if pending[0] >= self._max or pending[1] + size > self._max_bytes:
-            if self._spill is not None and self._spill.offer(span, size):
+            if self.spill is not None and self.spill.offer(span, size):
                 return
             self._drops.add(1, semconv.DROP_QUEUE_FULL)
             warn_once("export-queue-full", "llmtrace: export queue full (%d spans or %d bytes); dropping and "
@@ -362,8 +378,8 @@ class BoundedSpanProcessor(SpanProcessor):
         self._counting.closing = True
         # BatchSpanProcessor.shutdown() takes no timeout; its inner processor does.
         self._batch._batch_processor.shutdown(timeout_millis=max(1, timeout_millis))
-        if self._spill is not None:
-            self._spill.stop(deadline - time.monotonic())
+        if self.spill is not None:
+            self.spill.stop(deadline - time.monotonic())
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export what is queued, giving up after *timeout_millis*.

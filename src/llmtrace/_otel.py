@@ -47,7 +47,7 @@ from llmtrace._export import (
     open_sink,
 )
 from llmtrace._histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
-from llmtrace._spill_export import with_spill
+from llmtrace._spill_export import Spiller, log_summary, with_spill
 from llmtrace._version import __version__
 from llmtrace.config import Settings
 
@@ -358,4 +358,6 @@ def shutdown(providers: Providers, timeout_s: float) -> bool:
             processor.shutdown()
     if providers.owns_meter_provider:
         _bounded(lambda: providers.meter_provider.shutdown(timeout_millis=left_ms()) or True, left_ms() / 1000)
+    log_summary(providers.drops, [p.spill for p in providers.processors
+                                  if isinstance(p, BoundedSpanProcessor) and isinstance(p.spill, Spiller)])
     return ok

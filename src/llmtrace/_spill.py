@@ -100,7 +100,6 @@ class SpillStore:
         self._prefix = ""
         self._lock_fd = -1
         self._seq = 0
-        self._adopted_scan = False
         self._closed = False
 
     # ------------------------------------------------------------------ writing
@@ -230,11 +229,9 @@ class SpillStore:
             return False
 
     def adopt_orphans(self) -> int:
-        """Take over the segments of processes that died with spans unsent; the number of spans."""
-        with self._lock:
-            if self._adopted_scan:
-                return 0
-            self._adopted_scan = True
+        """Take over the segments of processes that died with spans unsent (an earlier run, a
+        restarted engine process, a forked child that exited); the number of spans. Owners already
+        adopted are skipped: their lock is held here."""
         try:
             found = self._orphans()
         except OSError:
@@ -311,7 +308,6 @@ class SpillStore:
         self._lock = threading.Lock()
         self._segments, self._total, self._fd, self._lock_fd, self._seq = [], 0, -1, -1, 0
         self._prefix = ""
-        self._adopted_scan = False
 
 
 def usable_directory(configured: str | None) -> str | None:

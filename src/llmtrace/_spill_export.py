@@ -18,6 +18,7 @@ Every span ends up exported, on disk, or dropped and counted with a reason
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import threading
 import time
@@ -33,12 +34,16 @@ from llmtrace._safety import record_error
 from llmtrace._spill import SpillStore, usable_directory
 from llmtrace.config import Settings
 
+log = logging.getLogger("llmtrace")
+
 #: While the endpoint is down, how often one export is let through to see whether it is back.
 #: Recovery is seen within this (plus one export); each probe against a dead endpoint costs
 #: the spill thread one exporter timeout.
 PROBE_INTERVAL_S = 2.0
 #: How often the spill thread looks for work when nothing wakes it.
 IDLE_WAKE_S = 1.0
+#: How often the spill thread looks for segments left by processes that have exited.
+ORPHAN_SCAN_S = 5.0
 #: Spans per line the spill thread writes from the overflow (the export batch size).
 OVERFLOW_BATCH = 512
 
@@ -106,6 +111,8 @@ class Spiller:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        #: Spans still on disk when :meth:`stop` closed the spill (for the exit summary).
+        self.left_on_disk = 0
         _register_fork_hook(self)
 
     # ------------------------------------------------------------------ any thread, never blocks
@@ -145,10 +152,13 @@ class Spiller:
         self._ensure_started()
 
     def _run(self) -> None:
-        if self.store.adopt_orphans():
-            self._breaker.spill_probes = True
+        next_scan = 0.0
         while not self._stopping:
             try:
+                if time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + ORPHAN_SCAN_S
+                    if self.store.adopt_orphans():
+                        self._breaker.spill_probes = True
                 self._drain_overflow()
                 self._resend()
             except Exception as exc:  # noqa: BLE001 - the spill thread must outlive one bad batch
@@ -192,6 +202,7 @@ class Spiller:
         thread = self._thread
         if thread is not None and thread.is_alive():
             thread.join(max(0.0, timeout_s))  # it may be inside one export; it stops after that
+        self.left_on_disk = self.store.spans_on_disk
         self.store.close()
 
     def after_fork_in_child(self) -> None:
@@ -218,6 +229,18 @@ def _register_fork_hook(spiller: Spiller) -> None:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _fork_hook[0] = True
     _SPILLERS.add(spiller)
+
+
+def log_summary(stats: ExportStats, spillers: Sequence[Spiller]) -> None:
+    """One line at shutdown when the export path spilled or dropped anything: where every span went."""
+    if not stats.spilled and not stats.dropped:
+        return
+    left = sum(spiller.left_on_disk for spiller in spillers)
+    where = ", ".join(sorted({spiller.store.directory for spiller in spillers})) or "-"
+    reasons = ", ".join(f"{reason}={count}" for reason, count in sorted(stats.dropped_by_reason.items()))
+    log.warning("llmtrace: spans exported %d, spilled %d (%d left on disk in %s, re-sent by the next process "
+                "that uses it), dropped %d%s", stats.exported, stats.spilled, left, where, stats.dropped,
+                f" ({reasons})" if reasons else "")
 
 
 def with_spill(exporter: SpanExporter, settings: Settings, stats: ExportStats) -> tuple[CircuitBreaker, Spiller] | None:

@@ -117,7 +117,7 @@ class ManagedProcess:
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str], ready: Callable[[], bool],
                  log_dir: Path):
-        self.name, self.argv, self.ready = name, argv, ready
+        self.name, self.argv, self.env, self.ready = name, argv, dict(env), ready
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         # Own session: a terminal Ctrl-C reaches pytest, which then stops us in order.

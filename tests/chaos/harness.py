@@ -1,0 +1,292 @@
+"""Real processes for the chaos suite: the reference server, streaming clients, span accounting.
+
+``python -m llmtrace.server`` runs as a subprocess (API server + spawned engine process), traced,
+exporting OTLP to whatever endpoint the test gives it, spilling to a directory the test owns.
+Clients are the official ``openai`` SDK, streaming ``/v1/completions``; each records whether
+its request succeeded, when it ended, and the trace id from the ``traceresponse`` header.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import openai
+
+from llmtrace import semconv
+from llmtrace._otlp_json_read import decode_spans
+from tests.stack.binaries import REPO_ROOT
+from tests.stack.stack import ManagedProcess, OtelStack, free_port
+
+SERVER_START_TIMEOUT_S = 120.0
+SERVER_STOP_TIMEOUT_S = 30.0
+#: Spans every streamed completion makes: the SERVER span, llm.request and its four phases.
+REQUEST_SPANS = {"POST /v1/completions", semconv.SPAN_REQUEST, semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE,
+                 semconv.SPAN_PREFILL, semconv.SPAN_DECODE}
+T = TypeVar("T")
+_SUMMARY = re.compile(r"llmtrace: spans exported (\d+), spilled (\d+) \((\d+) left on disk in .*?\), dropped (\d+)")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One client request."""
+
+    started: float  # time.monotonic()
+    ended: float
+    ok: bool
+    trace_id: str | None
+    error: str = ""
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as children:
+                found += [int(c) for c in children.read().split()]
+    return found
+
+
+def _rss_kib(pid: int) -> int:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class RefServer:
+    """``python -m llmtrace.server`` on a free port, exporting to *endpoint*."""
+
+    def __init__(self, service: str, endpoint: str, spill_dir: Path, log_path: Path,
+                 extra_env: Mapping[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMTRACE_"))}
+        env.update({
+            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")]),
+            "LLMTRACE_SERVICE_NAME": service,
+            "LLMTRACE_ENDPOINT": endpoint,
+            "LLMTRACE_PROTOCOL": "grpc",
+            "LLMTRACE_SPILL_DIR": str(spill_dir),
+            "LLMTRACE_METRICS_INTERVAL_S": "1",
+            "LLMTRACE_GPU": "off",
+            **(extra_env or {}),
+        })
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmtrace.server", "--port", str(self.port)],
+                                     env=env, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+            time.sleep(0.2)
+        raise AssertionError(f"server not ready after {SERVER_START_TIMEOUT_S}s:\n{self.log()}")
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid, *_children(self.proc.pid)]
+
+    def rss_kib(self) -> int:
+        """Resident memory of the API server and its engine process together."""
+        return sum(_rss_kib(pid) for pid in self.pids())
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn shuts down, llmtrace flushes at exit), as an orchestrator stops a pod."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(SERVER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+    def summaries(self) -> list[tuple[int, int, int, int]]:
+        """(exported, spilled, left on disk, dropped) from each process's exit line, when it logged one."""
+        return [tuple(map(int, m.groups())) for m in _SUMMARY.finditer(self.log_path.read_text(errors="replace"))]
+
+
+@dataclass
+class Load:
+    """*clients* threads, each streaming completions back to back until :meth:`stop`."""
+
+    url: str
+    clients: int = 4
+    max_tokens: int = 8
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+
+    def _client(self, index: int) -> None:
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            started = time.monotonic()
+            trace_id = None
+            try:
+                with client.completions.with_streaming_response.create(
+                        model="llmtrace-tiny-gpt2", prompt=f"client {index} request {n}",
+                        max_tokens=self.max_tokens, stream=True) as response:
+                    trace_id = _trace_id(response.headers.get("traceresponse"))
+                    chunks = sum(1 for _ in response.parse())
+                ok, error = chunks > 0, "" if chunks else "no chunks"
+            except Exception as exc:  # noqa: BLE001 - a failed request is what the test counts
+                ok, error = False, repr(exc)
+            self.outcomes.append(Outcome(started, time.monotonic(), ok, trace_id, error))
+
+    def failed(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    def between(self, start: float, end: float) -> list[Outcome]:
+        return [o for o in self.outcomes if start <= o.ended < end]
+
+
+def _trace_id(traceresponse: str | None) -> str | None:
+    parts = (traceresponse or "").split("-")
+    return parts[1] if len(parts) == 4 else None
+
+
+class RssSampler:
+    """The server's RSS every 0.5 s while the test runs."""
+
+    def __init__(self, server: RefServer) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server,), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: RefServer) -> None:
+        while not self._stop.wait(0.5):
+            self.samples.append((time.monotonic(), server.rss_kib()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def growth_kib(self, after: float) -> int:
+        """Highest RSS minus the first sample at or after *after* (the warmed-up baseline)."""
+        later = [kib for t, kib in self.samples if t >= after]
+        return max(later) - later[0] if later else 0
+
+
+# ----------------------------------------------------------------------------- span accounting
+
+
+def spill_spans(directory: Path) -> dict[tuple[str, str], str]:
+    """(trace id, span id) -> span name of every span in the spill files."""
+    found: dict[tuple[str, str], str] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, KeyError):
+                for span in decode_spans(line):
+                    found[(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"))] = span.name
+    return found
+
+
+def jaeger_spans(stack: OtelStack, service: str) -> dict[tuple[str, str], str]:
+    return {(s.trace_id, s.span_id): s.name for s in stack.query_traces(service)}
+
+
+def prometheus_counters(stack: OtelStack, service: str) -> dict[str, int]:
+    """llmtrace's span counters of *service*, summed over its processes (``dropped`` over reasons)."""
+    totals = {"exported": 0, "spilled": 0, "dropped": 0}
+    pattern = re.compile(r"^llmtrace_spans_(exported|spilled|dropped)_total\{([^}]*)\} (\S+)$")
+    for line in stack.prometheus_text().splitlines():
+        match = pattern.match(line)
+        if match and f'job="{service}"' in match.group(2):
+            totals[match.group(1)] += int(float(match.group(3)))
+    return totals
+
+
+def settle(probe: Callable[[], T], timeout_s: float = 60.0, stable_s: float = 3.0) -> T:
+    """Poll *probe* until its value has not changed for *stable_s*; the last value."""
+    deadline = time.monotonic() + timeout_s
+    last, since = probe(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        value = probe()
+        if value != last:
+            last, since = value, time.monotonic()
+        elif time.monotonic() - since >= stable_s:
+            break
+    return last
+
+
+def restart(process: ManagedProcess) -> ManagedProcess:
+    """The same binary, config and ports again, after *process* died; waits until it is ready."""
+    process.stop()
+    again = ManagedProcess(process.name + "-restarted", process.argv, process.env, process.ready,
+                           process.log_path.parent)
+    again.wait_healthy()
+    return again
+
+
+@contextlib.contextmanager
+def black_hole() -> Iterator[str]:
+    """A TCP endpoint that accepts connections and never answers: a collector stuck on its side."""
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(128)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                accepted.append(listener.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(2)
+        for conn in accepted:
+            conn.close()
+        listener.close()
+
+
+def dump(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=1, default=str))
