@@ -13,7 +13,7 @@ from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
-from llmtrace import _otel, _registry, _runtime
+from llmtrace import _otel, _registry, _runtime, _sigterm
 from llmtrace._safety import add_error_listener
 from llmtrace._version import __version__
 from llmtrace.config import Settings, resolve
@@ -112,6 +112,7 @@ def instrument(**options: Any) -> Instrumentation:
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
+        _sigterm.install(_flush_at_sigterm)
         return _handle
 
 
@@ -185,6 +186,11 @@ def shutdown(timeout_s: float = 5.0) -> bool:
 def _at_exit() -> None:
     with contextlib.suppress(Exception):  # never turn interpreter exit into a traceback
         shutdown(timeout_s=3.0)
+
+
+def _flush_at_sigterm(timeout_s: float) -> None:
+    with contextlib.suppress(Exception):  # the process is going down either way
+        shutdown(timeout_s=timeout_s)
 
 
 def current() -> Instrumentation | None:
