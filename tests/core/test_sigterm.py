@@ -27,10 +27,11 @@ def test_spans_queued_at_sigterm_are_written_and_the_exit_status_is_sigterms(tmp
     path = tmp_path / "t.jsonl"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMTRACE_"))},
            "LLMTRACE_QUIET": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", _APP, str(path)], env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and "ready" == proc.stdout.readline().strip()
-    proc.send_signal(signal.SIGTERM)
-    assert -signal.SIGTERM == proc.wait(30)
+    with subprocess.Popen([sys.executable, "-c", _APP, str(path)], env=env, stdout=subprocess.PIPE,
+                          text=True) as proc:
+        assert proc.stdout is not None and "ready" == proc.stdout.readline().strip()
+        proc.send_signal(signal.SIGTERM)
+        assert -signal.SIGTERM == proc.wait(30)
     spans = [span for line in path.read_text().splitlines() for rs in json.loads(line)["resourceSpans"]
              for ss in rs["scopeSpans"] for span in ss["spans"]]
     assert 50 == len(spans)
