@@ -123,7 +123,7 @@ class Spiller:
             return False
         self._overflow.append(span)
         self._overflow_bytes[0] += size
-        if len(self._overflow) >= OVERFLOW_BATCH:
+        if len(self._overflow) in (1, OVERFLOW_BATCH):  # the thread wakes each second anyway
             self._ensure_started()
             self._wake.set()
         return True

@@ -192,3 +192,19 @@ def test_a_later_process_resends_what_a_dead_one_spilled(tmp_path: Path, port: i
         processor2.close(5000)
     finally:
         receiver.close()
+
+
+def test_a_burst_past_the_queue_reaches_a_healthy_endpoint(tmp_path: Path, port: int) -> None:
+    """A 400-span queue (so a 100-span overflow) and a burst of 500 spans with the endpoint up:
+    whatever did not fit the queue went through the overflow and the spill, and still arrives."""
+    receiver = Receiver(port)
+    try:
+        provider, processor, stats = _pipeline(tmp_path, port, max_queue_size=400)
+        sent = _emit(provider, 500)
+        assert processor.force_flush(10_000)
+        _wait(lambda: stats.exported >= 500)
+        assert (500, 0) == (stats.exported, stats.dropped)
+        assert sorted(sent) == sorted(receiver.span_ids)
+        processor.close(5000)
+    finally:
+        receiver.close()
