@@ -14,7 +14,9 @@ spill in the default state directory, here under a temporary ``XDG_STATE_HOME``;
 * the export path's counters summed over both server processes (exported, spilled, dropped)
   against the unique spans in Jaeger: the difference is what the killed collector held;
 * the server's RSS (API server + engine process): at the failure, the highest during and after;
-* recovery: from the restart until the spill is empty (every spilled span re-sent).
+* recovery: from the restart until the spill is empty (every spilled span re-sent);
+* the loss window: how long before the failure the earliest request ended whose trace is not
+  whole in Jaeger (what the killed collector held).
 
     python benchmarks/bench_collector_outage.py [--before 10] [--outage 25] [--after 10] [--clients 4]
     python benchmarks/bench_collector_outage.py --fail jaeger
@@ -64,6 +66,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     victim = 1 if args.fail == "collector" else 0
     try:
         server = RefServer(service, stack.otlp_grpc_endpoint, spill, work / "server.log")
+    except BaseException:
+        stack.stop()
+        raise
+    try:
         rss = RssSampler(server)
         spill_size: list[tuple[float, int]] = []  # (when, bytes in the spill's segments)
 
@@ -91,10 +97,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spill_size.append((time.monotonic(), spill_bytes()))
         rss.stop()
         counters = settle(lambda: prometheus_counters(stack, service), timeout_s=60)
-        spans = settle(lambda: query_traces(stack.jaeger_query_url, service, limit=1_000_000), timeout_s=60,
+        spans = settle(lambda: query_traces(stack.jaeger_query_url, service, limit=100_000), timeout_s=60,
                        stable_s=5)
-        server.stop()
     finally:
+        server.stop()
         stack.stop()
     measured = Run(load.outcomes, spans, counters, rss.samples, spill_size, failed_at, restarted_at,
               len(spill_spans(spill)))
@@ -132,6 +138,9 @@ def summarise(args: argparse.Namespace, run: Run, request_spans: set[str]) -> di
             "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None,
             "latency_p99_s": round(_percentile(latencies, 0.99), 4) if latencies else None,
         }
+    lost = [o for o in run.outcomes if o.ended < failed_at and not (o.trace_id and request_spans <= traces.get(
+        o.trace_id, set()))]
+    result["lost_window_s"] = round(failed_at - min(o.ended for o in lost), 2) if lost else 0.0
     at_failure = [kib for t, kib in run.rss if t <= failed_at][-1]
     during = [kib for t, kib in run.rss if failed_at < t <= restarted_at]
     after = [kib for t, kib in run.rss if t > restarted_at]

@@ -69,10 +69,12 @@ def _span(raw: Mapping[str, Any], resource: Resource, scope: InstrumentationScop
     )
 
 
-def decode_spans(line: str) -> list[ReadableSpan]:
+def decode_spans(line: str, pause: Callable[[], None] | None = None) -> list[ReadableSpan]:
     """The spans of one ``ExportTraceServiceRequest`` line; a line of another signal gives none.
 
-    Raises ``ValueError`` (``json.JSONDecodeError`` included) or ``KeyError`` on a malformed line.
+    *pause*, when given, is called between spans (the spill thread passes
+    :meth:`llmtrace._gil.GilYield.maybe`, as the encoder's callers do). Raises ``ValueError``
+    (``json.JSONDecodeError`` included) or ``KeyError`` on a malformed line.
     """
     document = json.loads(line)
     spans: list[ReadableSpan] = []
@@ -81,5 +83,8 @@ def decode_spans(line: str) -> list[ReadableSpan]:
         for scope_spans in resource_spans.get("scopeSpans", []):
             raw_scope = scope_spans.get("scope") or {}
             scope = InstrumentationScope(raw_scope.get("name", ""), raw_scope.get("version"))
-            spans.extend(_span(raw, resource, scope) for raw in scope_spans.get("spans", []))
+            for raw in scope_spans.get("spans", []):
+                if pause is not None:
+                    pause()
+                spans.append(_span(raw, resource, scope))
     return spans

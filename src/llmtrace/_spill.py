@@ -204,7 +204,7 @@ class SpillStore:
                     if number < segment.lines_sent:
                         continue
                     try:
-                        spans = decode_spans(line)
+                        spans = decode_spans(line, GilYield().maybe)
                     except (ValueError, KeyError):  # a line torn by a crash: skip it
                         spans = []
                     yield segment, spans

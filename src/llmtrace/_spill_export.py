@@ -42,6 +42,10 @@ log = logging.getLogger("llmtrace")
 PROBE_INTERVAL_S = 2.0
 #: How often the spill thread looks for work when nothing wakes it.
 IDLE_WAKE_S = 1.0
+#: After re-sending one line the spill thread rests this many times as long as the line took:
+#: re-sending a long outage's spill competes with the server for the CPU (and the GIL), so it
+#: runs at a third of the spill thread's time at most; recovery takes longer, serving does not slow.
+RESEND_PAUSE_RATIO = 2.0
 #: How often the spill thread looks for segments left by processes that have exited.
 ORPHAN_SCAN_S = 5.0
 #: Spans per line the spill thread writes from the overflow (the export batch size).
@@ -108,6 +112,7 @@ class Spiller:
         self._overflow_bytes = [0]
         self._max_spans, self._max_bytes = max_spans, max_bytes
         self._wake = threading.Event()
+        self._halt = threading.Event()  # set by stop(): ends a re-send pause at once
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -181,15 +186,17 @@ class Spiller:
         while self.store.pending and not self._stopping:
             lines = self.store.oldest_lines()
             try:
-                for segment, spans in lines:
+                started = time.monotonic()
+                for segment, spans in lines:  # each line is decoded as it is reached
                     if spans and not self._breaker.attempt(spans, probe=True):
                         return
                     self.store.sent(segment, len(spans))
                     self._stats.add_exported(len(spans))
                     if self._overflow:
                         self._drain_overflow()
-                    if self._stopping:
+                    if self._halt.wait((time.monotonic() - started) * RESEND_PAUSE_RATIO):
                         return
+                    started = time.monotonic()
             finally:
                 lines.close()
         self._breaker.spill_probes = False
@@ -197,6 +204,7 @@ class Spiller:
     def stop(self, timeout_s: float) -> None:
         """Write what the overflow holds and stop; the spill stays on disk."""
         self._stopping = True
+        self._halt.set()
         self._wake.set()
         self._drain_overflow()
         thread = self._thread
@@ -209,6 +217,7 @@ class Spiller:
         self._overflow = collections.deque()
         self._overflow_bytes = [0]
         self._wake = threading.Event()
+        self._halt = threading.Event()
         self._start_lock = threading.Lock()
         self._thread = None
         self.store.after_fork_in_child()
