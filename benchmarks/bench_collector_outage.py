@@ -6,7 +6,9 @@ Jaeger v2 binary, every trace kept, ``decision_wait`` 2 s: the test stack's samp
 spill in the default state directory, here under a temporary ``XDG_STATE_HOME``; metrics every
 1 s instead of 10 s so the span counters settle sooner), and streaming clients on the official
 ``openai`` SDK. Three phases: *before*, *during* (the collector SIGKILLed, or Jaeger with
-``--fail jaeger``) and *after* (restarted on the same ports). Reported:
+``--fail jaeger``) and *after* (restarted on the same ports). Jaeger stores in memory, so with
+``--fail jaeger`` its traces are read just before the kill and counted with the new Jaeger's
+(spans it stored between that read and the kill die with it). Reported:
 
 * requests and failed requests per phase, latency p50/p99 per phase;
 * request traces (SERVER span, ``llm.request`` and its four phases) whole in Jaeger, and the
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         with Load(server.url, clients=args.clients) as load:
             time.sleep(args.before)
+            # Jaeger keeps traces in memory: what it held dies with it, so take them first.
+            stored = query_traces(stack.jaeger_query_url, service, limit=100_000) if args.fail == "jaeger" else []
             process = stack.processes[victim]
             process.proc.kill()
             failed_at = time.monotonic()
@@ -102,6 +106,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         server.stop()
         stack.stop()
+    seen = {(span.trace_id, span.span_id) for span in spans}
+    spans += [span for span in stored if (span.trace_id, span.span_id) not in seen]
     measured = Run(load.outcomes, spans, counters, rss.samples, spill_size, failed_at, restarted_at,
               len(spill_spans(spill)))
     return summarise(args, measured, REQUEST_SPANS)
