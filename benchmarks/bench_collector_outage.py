@@ -22,6 +22,7 @@ spill in the default state directory, here under a temporary ``XDG_STATE_HOME``;
 
     python benchmarks/bench_collector_outage.py [--before 10] [--outage 25] [--after 10] [--clients 4]
     python benchmarks/bench_collector_outage.py --fail jaeger
+    python benchmarks/bench_collector_outage.py --no-spill      # the spill off: what it saves
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stack = OtelStack.start(log_dir=work)
     victim = 1 if args.fail == "collector" else 0
     try:
-        server = RefServer(service, stack.otlp_grpc_endpoint, spill, work / "server.log")
+        server = RefServer(service, stack.otlp_grpc_endpoint, spill, work / "server.log",
+                           {"LLMTRACE_SPILL_MAX_BYTES": "0"} if args.no_spill else None)
     except BaseException:
         stack.stop()
         raise
@@ -131,8 +133,8 @@ def summarise(args: argparse.Namespace, run: Run, request_spans: set[str]) -> di
         traces.setdefault(span.trace_id, set()).add(span.name)
     failed_at, restarted_at = run.failed_at, run.restarted_at
     phases = {"before": (0.0, failed_at), "during": (failed_at, restarted_at), "after": (restarted_at, 1e18)}
-    result: dict[str, Any] = {"fail": args.fail, "clients": args.clients, "phases_s": [args.before, args.outage,
-                                                                                        args.after]}
+    result: dict[str, Any] = {"fail": args.fail, "spill": not args.no_spill, "clients": args.clients,
+                              "phases_s": [args.before, args.outage, args.after]}
     for phase, (start, end) in phases.items():
         outcomes = [o for o in run.outcomes if start <= o.ended < end]
         whole = [o for o in outcomes if o.trace_id and request_spans <= traces.get(o.trace_id, set())]
@@ -173,6 +175,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4, help="concurrent streaming clients")
     parser.add_argument("--fail", choices=("collector", "jaeger"), default="collector",
                         help="which process to SIGKILL and restart")
+    parser.add_argument("--no-spill", action="store_true", help="LLMTRACE_SPILL_MAX_BYTES=0: the comparison arm")
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args()
     result = run(args)
