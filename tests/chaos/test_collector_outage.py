@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,32 @@ def _unique_spans(traces: dict[str, list[StackSpan]]) -> int:
     return len({(s.trace_id, s.span_id) for spans in traces.values() for s in spans})
 
 
+@dataclass
+class Outage:
+    load: Load
+    rss: RssSampler
+    warm: float  #: the RSS baseline's time: load running, before the failure
+    failed: float  #: when the process was killed
+    snapshot: dict[str, list[StackSpan]]  #: Jaeger's traces just before the kill
+
+
+def _outage(stack: OtelStack, server: RefServer, victim: int, service: str) -> Outage:
+    """Load the server; SIGKILL ``stack.processes[victim]`` for OUTAGE_S; restart it; load on."""
+    rss = RssSampler(server)
+    with Load(server.url) as load:
+        time.sleep(BEFORE_S)
+        warm = time.monotonic()
+        snapshot = _jaeger(stack, service)
+        process = stack.processes[victim]
+        process.proc.kill()
+        failed = time.monotonic()
+        time.sleep(OUTAGE_S)
+        stack.processes[victim] = restart(process)
+        time.sleep(AFTER_S)
+    rss.stop()
+    return Outage(load, rss, warm, failed, snapshot)
+
+
 def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Path) -> None:
     """SIGKILL the collector for 10 s under load, restart it: no request fails; the outage's spans
     go to the spill and are re-sent; only traces the collector held for its tail-sampling decision
@@ -83,32 +110,23 @@ def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Pa
     service, spill = _service("collector-kill"), tmp_path / "spill"
     server = RefServer(service, stack.otlp_grpc_endpoint, spill, tmp_path / "server.log")
     try:
-        rss = RssSampler(server)
-        with Load(server.url) as load:
-            time.sleep(BEFORE_S)
-            warm = time.monotonic()
-            collector = stack.processes[1]
-            collector.proc.kill()
-            killed = time.monotonic()
-            time.sleep(OUTAGE_S)
-            stack.processes[1] = restart(collector)
-            time.sleep(AFTER_S)
-        rss.stop()
-        assert [] == load.failed()
+        outage = _outage(stack, server, 1, service)
+        assert [] == outage.load.failed()
         on_disk = settle(lambda: len(spill_spans(spill)), timeout_s=60)
         counters = settle(lambda: prometheus_counters(stack, service), timeout_s=30)
         traces = settle(lambda: _jaeger(stack, service), timeout_s=30)
     finally:
         server.stop()
-    dump(tmp_path / "result.json", {"counters": counters, "on_disk": on_disk, "requests": len(load.outcomes)})
+    dump(tmp_path / "result.json", {"counters": counters, "on_disk": on_disk,
+                                    "requests": len(outage.load.outcomes)})
     assert 0 == on_disk
     assert counters["spilled"] > 0, counters
     assert 0 == counters["dropped"], counters
     assert counters["exported"] >= _unique_spans(traces)
-    missing = [o for o in load.outcomes if not _complete(o, traces)]
-    outside = [o for o in missing if not killed - COLLECTOR_LOSS_WINDOW_S <= o.ended <= killed]
+    missing = [o for o in outage.load.outcomes if not _complete(o, traces)]
+    outside = [o for o in missing if not outage.failed - COLLECTOR_LOSS_WINDOW_S <= o.ended <= outage.failed]
     assert [] == outside, f"{len(outside)} of {len(missing)} incomplete traces ended outside the loss window"
-    assert rss.growth_kib(warm) < RSS_GROWTH_LIMIT_KIB, rss.samples
+    assert outage.rss.growth_kib(outage.warm) < RSS_GROWTH_LIMIT_KIB, outage.rss.samples
 
 
 def test_jaeger_down_behind_a_live_collector(stack: OtelStack, tmp_path: Path) -> None:
@@ -119,29 +137,18 @@ def test_jaeger_down_behind_a_live_collector(stack: OtelStack, tmp_path: Path) -
     service, spill = _service("jaeger-down"), tmp_path / "spill"
     server = RefServer(service, stack.otlp_grpc_endpoint, spill, tmp_path / "server.log")
     try:
-        rss = RssSampler(server)
-        with Load(server.url) as load:
-            time.sleep(BEFORE_S)
-            warm = time.monotonic()
-            before = _jaeger(stack, service)
-            jaeger = stack.processes[0]
-            jaeger.proc.kill()
-            killed = time.monotonic()
-            time.sleep(OUTAGE_S)
-            stack.processes[0] = restart(jaeger)
-            time.sleep(AFTER_S)
-        rss.stop()
-        assert [] == load.failed()
+        outage = _outage(stack, server, 0, service)
+        assert [] == outage.load.failed()
         after = settle(lambda: _jaeger(stack, service), timeout_s=60)
         counters = settle(lambda: prometheus_counters(stack, service), timeout_s=30)
     finally:
         server.stop()
     assert {"spilled": 0, "dropped": 0} == {k: counters[k] for k in ("spilled", "dropped")}, counters
     assert [] == list(spill.glob("*.jsonl"))
-    since_kill = [o for o in load.outcomes if o.ended > killed]
+    since_kill = [o for o in outage.load.outcomes if o.ended > outage.failed]
     assert since_kill and [] == [o for o in since_kill if not _complete(o, after)]
     # Before the kill: a request's trace leaves the collector ~3 s after it ends (SDK batch delay +
     # decision_wait), so only those that ended earlier than that are in the snapshot.
-    settled = [o for o in load.outcomes if o.ended < killed - COLLECTOR_LOSS_WINDOW_S]
-    assert settled and [] == [o for o in settled if not _complete(o, before)]
-    assert rss.growth_kib(warm) < RSS_GROWTH_LIMIT_KIB, rss.samples
+    settled = [o for o in outage.load.outcomes if o.ended < outage.failed - COLLECTOR_LOSS_WINDOW_S]
+    assert settled and [] == [o for o in settled if not _complete(o, outage.snapshot)]
+    assert outage.rss.growth_kib(outage.warm) < RSS_GROWTH_LIMIT_KIB, outage.rss.samples
