@@ -18,6 +18,9 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+#: What :func:`decode_spans` raises on a line that is not a well-formed ``ExportTraceServiceRequest``.
+MALFORMED = (ValueError, KeyError, TypeError, AttributeError)
+
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SPECIAL_DOUBLES = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
@@ -73,8 +76,8 @@ def decode_spans(line: str, pause: Callable[[], None] | None = None) -> list[Rea
     """The spans of one ``ExportTraceServiceRequest`` line; a line of another signal gives none.
 
     *pause*, when given, is called between spans (the spill thread passes
-    :meth:`llmtrace._gil.GilYield.maybe`, as the encoder's callers do). Raises ``ValueError``
-    (``json.JSONDecodeError`` included) or ``KeyError`` on a malformed line.
+    :meth:`llmtrace._gil.GilYield.maybe`, as the encoder's callers do). Raises one of
+    :data:`MALFORMED` on a malformed line.
     """
     document = json.loads(line)
     spans: list[ReadableSpan] = []

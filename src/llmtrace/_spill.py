@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from llmtrace._gil import GilYield
 from llmtrace._otlp_json import encode_spans
-from llmtrace._otlp_json_read import decode_spans
+from llmtrace._otlp_json_read import MALFORMED, decode_spans
 from llmtrace._safety import warn_once
 
 log = logging.getLogger("llmtrace")
@@ -75,7 +75,7 @@ def _count_spans(path: str) -> tuple[int, int]:
     spans = 0
     with open(path, encoding="utf-8", errors="replace") as lines:
         for line in lines:
-            with contextlib.suppress(ValueError, KeyError):
+            with contextlib.suppress(*MALFORMED):
                 spans += len(decode_spans(line))
     return spans, os.path.getsize(path)
 
@@ -205,7 +205,7 @@ class SpillStore:
                         continue
                     try:
                         spans = decode_spans(line, GilYield().maybe)
-                    except (ValueError, KeyError):  # a line torn by a crash: skip it
+                    except MALFORMED:  # a line torn by a crash: skip it
                         spans = []
                     yield segment, spans
         except FileNotFoundError:  # deleted under us: what it held is gone

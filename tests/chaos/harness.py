@@ -26,7 +26,7 @@ from typing import TypeVar
 import openai
 
 from llmtrace import semconv
-from llmtrace._otlp_json_read import decode_spans
+from llmtrace._otlp_json_read import MALFORMED, decode_spans
 from tests.stack.binaries import REPO_ROOT
 from tests.stack.stack import ManagedProcess, OtelStack, free_port
 
@@ -215,7 +215,7 @@ def spill_spans(directory: Path) -> dict[tuple[str, str], str]:
     found: dict[tuple[str, str], str] = {}
     for path in sorted(directory.glob("*.jsonl")):
         for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, KeyError):
+            with contextlib.suppress(*MALFORMED):
                 for span in decode_spans(line):
                     found[(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"))] = span.name
     return found

@@ -208,3 +208,32 @@ def test_a_burst_past_the_queue_reaches_a_healthy_endpoint(tmp_path: Path, port:
         processor.close(5000)
     finally:
         receiver.close()
+
+
+def test_torn_and_malformed_lines_of_an_adopted_spill_are_skipped(tmp_path: Path, port: int) -> None:
+    """A dead writer's segment with a torn last line and lines that are JSON but not OTLP: the
+    well-formed lines are re-sent, the rest skipped, the directory emptied."""
+    provider = TracerProvider()
+    tracer = provider.get_tracer("t")
+    spans = []
+    for i in range(5):
+        span = tracer.start_span("s", attributes={"i": i})
+        span.end()
+        spans.append(span)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    (spill / "spill-dead-1-abcdef.lock").write_text("")
+    good = encode_spans(spans)  # type: ignore[arg-type]
+    lines = [good, '{"resourceSpans": 5}', '{"resourceSpans": [{"scopeSpans": [{"spans": [{"name": 1}]}]}]}',
+             good[: len(good) // 2]]
+    (spill / "spill-dead-1-abcdef-000001.jsonl").write_text("\n".join(lines))
+    receiver = Receiver(port)
+    try:
+        _, processor, stats = _pipeline(tmp_path, port)
+        _wait(lambda: stats.exported >= 5)
+        assert sorted(format(s.context.span_id, "016x") for s in spans) == sorted(receiver.span_ids)
+        _wait(lambda: not list(spill.glob("*")))
+        assert [] == list(spill.glob("*"))
+        processor.close(5000)
+    finally:
+        receiver.close()
