@@ -236,6 +236,16 @@ def prometheus_counters(stack: OtelStack, service: str) -> dict[str, int]:
     return totals
 
 
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll *condition* every 0.5 s for up to *timeout_s*; whether it came true."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 def settle(probe: Callable[[], T], timeout_s: float = 60.0, stable_s: float = 3.0) -> T:
     """Poll *probe* until its value has not changed for *stable_s*; the last value."""
     deadline = time.monotonic() + timeout_s

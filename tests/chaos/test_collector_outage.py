@@ -29,14 +29,17 @@ from tests.chaos.harness import (
     restart,
     settle,
     spill_spans,
+    wait_until,
 )
 from tests.stack.stack import OtelStack, StackSpan, query_traces
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 
-BEFORE_S = 5.0
-OUTAGE_S = 10.0
-AFTER_S = 5.0
+#: Longer than COLLECTOR_LOSS_WINDOW_S with room to spare: the requests of the first seconds are
+#: the ones checked in Jaeger's snapshot before the kill.
+BEFORE_S = 8.0
+OUTAGE_S = 6.0
+AFTER_S = 4.0
 #: RSS of both server processes may grow this much under load through the outage (measured:
 #: docs/reliability.md); an unbounded queue at ~600 spans/s would pass it within the outage.
 RSS_GROWTH_LIMIT_KIB = 100 * 1024
@@ -44,6 +47,9 @@ RSS_GROWTH_LIMIT_KIB = 100 * 1024
 #: with it: the SDK's batch delay (1 s) + the test stack's decision_wait (2 s) + batch timeout
 #: (0.2 s), with a second of margin.
 COLLECTOR_LOSS_WINDOW_S = 4.5
+#: The spill's re-send is paced (a third of the spill thread's time); the outage's spans are
+#: back in ~40 s on the 2-core CI host (docs/reliability.md).
+RESEND_TIMEOUT_S = 150.0
 
 
 def _service(name: str) -> str:
@@ -104,7 +110,7 @@ def _outage(stack: OtelStack, server: RefServer, victim: int, service: str) -> O
 
 
 def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Path) -> None:
-    """SIGKILL the collector for 10 s under load, restart it: no request fails; the outage's spans
+    """SIGKILL the collector for OUTAGE_S under load, restart it: no request fails; the outage's spans
     go to the spill and are re-sent; only traces the collector held for its tail-sampling decision
     at the kill are missing from Jaeger; nothing is dropped."""
     service, spill = _service("collector-kill"), tmp_path / "spill"
@@ -112,7 +118,8 @@ def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Pa
     try:
         outage = _outage(stack, server, 1, service)
         assert [] == outage.load.failed()
-        on_disk = settle(lambda: len(spill_spans(spill)), timeout_s=60)
+        wait_until(lambda: not spill_spans(spill), timeout_s=RESEND_TIMEOUT_S)
+        on_disk = len(spill_spans(spill))
         counters = settle(lambda: prometheus_counters(stack, service), timeout_s=30)
         traces = settle(lambda: _jaeger(stack, service), timeout_s=30)
     finally:
@@ -130,7 +137,7 @@ def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Pa
 
 
 def test_jaeger_down_behind_a_live_collector(stack: OtelStack, tmp_path: Path) -> None:
-    """SIGKILL Jaeger for 10 s under load, restart it: the collector queues and retries, so the SDK
+    """SIGKILL Jaeger for OUTAGE_S under load, restart it: the collector queues and retries, so the SDK
     neither spills nor drops, no request fails, and every request that ended after the kill is
     whole in the new Jaeger (its storage is in memory: what the old one stored died with it, so
     the requests before are checked in a snapshot taken just before the kill)."""

@@ -23,7 +23,7 @@ from tests.stack.binaries import REPO_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 
-LOAD_S = 15.0
+LOAD_S = 8.0
 #: One gRPC export against the silent endpoint waits this long (the exporter's timeout); a
 #: serving path that waited on the exporter would show requests at least this slow.
 EXPORT_TIMEOUT_S = 5.0
