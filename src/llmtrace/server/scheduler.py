@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -25,6 +26,8 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     blocks: int = 0
     needs_prefill: bool = True
+    #: The request's own random generator (a ``torch.Generator``) when it asked for a seed.
+    generator: Any = None
 
     @property
     def length(self) -> int:
