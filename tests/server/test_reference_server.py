@@ -148,12 +148,14 @@ def test_engine_clock_offset_does_not_misplace_spans(tmp_path: Path) -> None:
 
 
 def test_engine_process_dying_fails_open_requests_cleanly(tmp_path: Path) -> None:
-    """Killing the engine mid-stream: every stream ends with finish_reason "error", each request
-    span ends as error, /health reports 503 and new requests get 503 — nothing hangs."""
+    """Killing the engine mid-stream: every stream ends at once with an error event, each request
+    span ends as error, /health and new requests get 503 while the supervisor restarts the engine
+    — nothing hangs — and once it is back the server serves again."""
     run = load_run("ref_server_engine_dies.py", tmp_path / "dies.jsonl")
-    assert [["error"], ["error"], ["error"]] == run.result["finishes"]
+    assert [["error:engine_unavailable"]] * 3 == run.result["finishes"]
     assert 503 == run.result["health"]
     assert 503 == run.result["after_status"]
+    assert (200, 1) == (run.result["restarted_status"], run.result["restarts"])
     requests = run.named(semconv.SPAN_REQUEST)
     ended = [r for r in requests if r.attr(semconv.LLM_REQUEST_FINISH_REASON) == semconv.FINISH_ERROR]
     assert 4 == len(ended)  # the three streams and the request refused after the death

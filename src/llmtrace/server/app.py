@@ -75,6 +75,13 @@ def _instrument_options() -> dict[str, Any] | None:
     return {f.name: getattr(handle.settings, f.name) for f in dataclasses.fields(handle.settings)}
 
 
+def _flush_telemetry() -> None:
+    from llmtrace._instrument import current, flush
+
+    if current() is not None:
+        flush(timeout_s=10.0)
+
+
 class Generation:
     """One request's output as text: detokenized, cut at a stop sequence, its ``llm.request`` ended."""
 
@@ -284,6 +291,8 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
         await asyncio.to_thread(client.start)
         yield
         await asyncio.to_thread(client.stop)
+        # uvicorn re-raises the SIGTERM it shut down for, so atexit hooks never run: export now.
+        await asyncio.to_thread(_flush_telemetry)
 
     app = FastAPI(title="llmtrace reference server", lifespan=lifespan)
     app.state.engine = client

@@ -56,6 +56,8 @@ class EngineConfig:
     instrument_options: dict[str, Any] | None = None
     #: Artificial delay per forward, seconds: lets tests make steps slow enough to queue.
     forward_delay_s: float = 0.0
+    #: Fault injection for tests: a forward pass over a prompt holding this token id raises.
+    fail_on_token_id: int | None = None
 
 
 class ReferenceEngine:
@@ -216,6 +218,9 @@ class ReferenceEngine:
 
     def _forward(self, batch: list[Any]) -> Any:
         torch = self.torch
+        if self.config.fail_on_token_id is not None and any(self.config.fail_on_token_id in seq.prompt_ids
+                                                            for seq in batch):
+            raise RuntimeError(f"injected fault: token {self.config.fail_on_token_id} in the batch")
         longest = max(seq.length for seq in batch)
         input_ids = torch.zeros((len(batch), longest), dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)
