@@ -102,6 +102,9 @@ class _EngineProcess:
 
     def exit_reason(self) -> str:
         self.process.join(5)
+        if self.process.is_alive():  # it closed its pipe yet lives on: it serves no one, so it goes
+            self.process.kill()
+            self.process.join(5)
         return _exit_reason(self.process.exitcode)
 
     def close(self) -> None:
@@ -217,11 +220,11 @@ class EngineClient:
 
     def _engine_died(self, engine: _EngineProcess) -> None:
         """Fail every open request now, and refuse new ones until an engine is back."""
-        self.last_exit = f"engine process (pid {engine.process.pid}) {engine.exit_reason()}"
-        engine.close()
-        with self._lock:
+        with self._lock:  # first: no request may be sent to the closed inbox below
             self.state = RESTARTING
             pending, self._pending = self._pending, {}
+        self.last_exit = f"engine process (pid {engine.process.pid}) {engine.exit_reason()}"
+        engine.close()
         log.error("llmtrace reference server: the %s; failing %d open requests", self.last_exit, len(pending))
         failure = {"error": f"the {self.last_exit}; the server is restarting it", "status": 503}
         for request_id, item in pending.items():
@@ -252,6 +255,9 @@ class EngineClient:
             except Exception as exc:  # noqa: BLE001 - a failed start is logged and counts against the budget
                 log.error("llmtrace reference server: engine restart %d failed: %s", self.restarts, exc)
                 continue
+            if self._stopping.is_set():  # the server stopped while this engine loaded
+                engine.process.kill()
+                return False
             with self._lock:
                 self._engine = engine
                 self.state = READY
