@@ -26,7 +26,7 @@ from typing import Any
 from starlette.requests import Request  # module level: FastAPI resolves handler annotations here
 
 from llmtrace.lifecycle.clock import monotonic_ns
-from llmtrace.server.client import EngineClient, EngineUnavailable
+from llmtrace.server.client import EngineClient, EngineUnavailable, RestartPolicy
 from llmtrace.server.engine import EngineConfig
 from llmtrace.server.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -49,6 +49,7 @@ TOKENIZER_CACHE = os.path.join(os.environ.get("LLMTRACE_CACHE", os.path.expandus
 MAX_BODY_BYTES = 1 << 20
 #: Seconds a client is told to wait before retrying while the engine restarts.
 RETRY_AFTER_S = 2
+_RETRY_AFTER = {"retry-after": str(RETRY_AFTER_S)}
 _NOT_JSON = ("We could not parse the JSON body of your request. The API expects a JSON payload (an object), "
              "but what was sent was not valid JSON.")
 
@@ -263,16 +264,17 @@ async def _answer(request: Request, service: CompletionService,
         return _json_response(exc.status, exc.body())
     except EngineUnavailable as exc:
         return _json_response(503, error_body(f"The engine is unavailable: {exc}. Retry shortly.", "server_error",
-                                           code="engine_unavailable"), {"retry-after": str(RETRY_AFTER_S)})
-    except EngineFailure as exc:
-        return _json_response(exc.status, exc.body())
+                                              code="engine_unavailable"), _RETRY_AFTER)
+    except EngineFailure as exc:  # 503 when its engine died: it restarts, and so may the request
+        return _json_response(exc.status, exc.body(), _RETRY_AFTER if exc.status == 503 else None)
     except Exception:
         log.exception("llmtrace reference server: %s %s failed", request.method, request.url.path)
         return _json_response(500, _internal_error())
 
 
-def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
-    """Build the FastAPI app; the engine process starts with the app and stops with it."""
+def create_app(engine_overrides: dict[str, Any] | None = None, restart_policy: RestartPolicy | None = None) -> Any:
+    """Build the FastAPI app; the engine process starts with the app and stops with it, and is
+    restarted under *restart_policy* (default :class:`RestartPolicy`) when it dies."""
     from fastapi import FastAPI
     from starlette.exceptions import HTTPException
 
@@ -281,7 +283,7 @@ def create_app(engine_overrides: dict[str, Any] | None = None) -> Any:
     tokenizer = train_tokenizer(cache_dir=TOKENIZER_CACHE)
     config = EngineConfig(vocab_size=len(tokenizer), eos_token_id=int(tokenizer.eos_token_id),
                           instrument_options=_instrument_options(), **(engine_overrides or {}))
-    client = EngineClient(config)
+    client = EngineClient(config, restart_policy)
     service = CompletionService(tokenizer, client, min(config.max_model_len, config.total_blocks * config.block_size))
 
     @asynccontextmanager
