@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from llmtrace import semconv
-from tests.stack.binaries import REPO_ROOT, build_gateway_collector, build_jaeger
+from scripts.otel_stack.binaries import REPO_ROOT, build_gateway_collector, build_jaeger
+from scripts.otel_stack.stack import TEST_SAMPLING, GatewayStack, OtelStack, by_trace
 from tests.stack.run_app import run_app
-from tests.stack.stack import TEST_SAMPLING, GatewayStack, OtelStack, by_trace
 
 COLLECTOR = REPO_ROOT / "collector" / "otel-collector.yaml"
 JAEGER = REPO_ROOT / "collector" / "jaeger.yaml"
@@ -245,7 +245,7 @@ def test_grafana_provisioning_points_at_the_mounted_dashboard_and_datasource() -
 
 # ----------------------------------------------------------------------------- dashboard names
 
-#: (instrument kind, unit) of each llmtrace metric, as llmtrace.metrics and llmtrace.gpu create them.
+#: (instrument kind, unit) of each llmtrace metric, as llmtrace.lifecycle.metrics and llmtrace.gpu create them.
 METRIC_SHAPES = {
     semconv.METRIC_TTFT: ("histogram", "s"),
     semconv.METRIC_TPOT: ("histogram", "s"),

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 import pytest
 
 from llmtrace import semconv
+from scripts.otel_stack.stack import OtelStack, by_trace
 from tests.stack.run_app import run_app
-from tests.stack.stack import OtelStack, by_trace
 
 pytestmark = pytest.mark.stack
 

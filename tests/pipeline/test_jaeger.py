@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmtrace import semconv
-from tests.stack.stack import OtelStack
+from scripts.otel_stack.stack import OtelStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

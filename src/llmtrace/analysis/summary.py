@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
+from llmtrace._version import __version__
 from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
@@ -261,8 +262,6 @@ def _diag_json(d: bn.Diagnosis) -> dict[str, Any]:
 
 def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
     """The versioned summary (see docs/analysis.md for every key)."""
-    from llmtrace.analysis import __version__
-
     counts: dict[str, int] = {}
     for w in a.windows:
         counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1

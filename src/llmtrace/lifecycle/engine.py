@@ -44,8 +44,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from llmtrace import _runtime, semconv
-from llmtrace._gil import GilYield
 from llmtrace._gpu_hook import energy_available
+from llmtrace._otel.gil import GilYield
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, cast
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
-from llmtrace._histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
+from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
 from llmtrace.lifecycle.phases import compute_phases
 from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
-    from llmtrace._export import ExportStats
+    from llmtrace._otel.export import ExportStats
     from llmtrace.lifecycle.engine import StepRecord
     from llmtrace.lifecycle.request import RequestHandle
 
@@ -38,7 +38,7 @@ class ServingMetrics:
     """The instruments of one process; one instance per ``instrument()``.
 
     The histograms are llmtrace's aggregated ones where it owns the MeterProvider (a list append
-    per measurement, folded at export: :mod:`llmtrace._histogram`), SDK instruments otherwise."""
+    per measurement, folded at export: :mod:`llmtrace._otel.histogram`), SDK instruments otherwise."""
 
     def __init__(self, meter: Meter, drops: ExportStats | None = None,
                  histograms: HistogramRegistry | None = None) -> None:
