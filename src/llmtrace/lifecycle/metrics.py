@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
 from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
-from llmtrace.lifecycle.phases import compute_phases
+from llmtrace.lifecycle.phases import compute_phases, prompt_cache_of
 from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
@@ -54,6 +54,9 @@ class ServingMetrics:
                            semconv.REQUEST_DURATION_BUCKETS)
         self._batch = make(semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
                            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self._prompt_tokens = meter.create_counter(
+            semconv.METRIC_PROMPT_TOKENS, unit="{token}",
+            description="Prompt tokens by where their KV came from: computed, prefix cache, KV transfer")
         self._errors = meter.create_counter(semconv.METRIC_INSTRUMENTATION_ERRORS, unit="{error}",
                                             description="Internal llmtrace errors (swallowed)")
         self._drops = drops
@@ -88,7 +91,19 @@ class ServingMetrics:
             queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
         if queue_s is not None:
             self._queue.record((queue_s, key))
+        if rec.prompt_tokens is not None and (cache := prompt_cache_of(rec)) is not None:
+            self._record_provenance(rec.prompt_tokens, cache, model)
         self._fold_if_full()
+
+    def _record_provenance(self, prompt_tokens: int, cache: tuple[int, int], model: Any) -> None:
+        cached, transferred = cache
+        computed = max(0, prompt_tokens - cached - transferred)
+        for source, count in (("computed", computed), ("cached", cached), ("transferred", transferred)):
+            if count:
+                attrs = {semconv.LLM_PROMPT_TOKEN_SOURCE: source}
+                if model is not None:
+                    attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+                self._prompt_tokens.add(count, attrs)
 
     def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
         key = (None, None, None, None, engine_id)
