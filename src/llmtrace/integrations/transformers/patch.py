@@ -97,6 +97,9 @@ class TransformersInstrumentor(Instrumentor):
         if missing := self.patches.wrap_all(continuous.TARGETS):
             warn_once("transformers-cb-targets", "llmtrace: this transformers' continuous batching lacks %s; "
                       "not tracing it (requests through generate() still are)", ", ".join(missing))
+            return
+        # Prefix-sharing provenance is extra: a transformers without it is traced all the same.
+        self.patches.wrap(continuous.CACHE_MODULE, continuous.PREFIX_MATCH, continuous.prefix_match_wrapper)
 
     def _unpatch(self) -> None:
         from llmtrace.integrations.torch import patch as torch_patch
