@@ -19,9 +19,10 @@ setup-venv:  ## the Python venv only: all the demo needs
 test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to-end tests
 	$(PYTHON) -m pytest -q
 
-lint: $(SETUP)  ## ruff on src and tests, mypy strict on src
+lint: $(SETUP)  ## ruff on src and tests, mypy strict on src, the import-layer contracts
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
+	PYTHONPATH=src $(VENV)/bin/lint-imports
 
 demo: $(if $(LLMTRACE_SETUP_DONE),,setup-venv)  ## reference server under load, traced, then the analysis
 	$(VENV)/bin/llmtrace demo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmtrace import _gil
+from llmtrace._otel import gil as _gil
 
 
 def test_a_yield_once_per_interval_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,7 +26,7 @@ def test_the_file_exporters_encoder_pauses_between_spans() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from llmtrace._otlp_json import encode_spans
+    from llmtrace._otel.otlp_json import encode_spans
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

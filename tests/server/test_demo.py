@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmtrace.config import ConfigError
-from llmtrace.demo import DemoExport, demo_export
+from llmtrace.server.demo import DemoExport, demo_export
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "reference_server.jsonl.gz"
 
