@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.analysis.reader_fuzz import carrier_case, case, jaeger_transport, outcome
-
 from llmtrace.analysis.sources import load_spans
+from tests.analysis.reader_fuzz import carrier_case, case, jaeger_transport, outcome
 
 
 def main() -> int:
