@@ -178,7 +178,8 @@ class EngineClient:
             engine = self._engine
             if self._read(engine):
                 return  # shut down on request
-            if self._stopping.is_set():
+            if self._stopping.is_set():  # it died while shutting down: nothing more will come
+                self._stopped.set()
                 return
             self._engine_died(engine)
             if not self._restart():
