@@ -139,12 +139,16 @@ def test_engine_clock_offset_does_not_misplace_spans(tmp_path: Path) -> None:
                    "--engine-clock-skew-ns", hour_ns)
     slack_ns = 20_000_000  # scheduling jitter between the two processes' clock reads
     checked = 0
+    engine_pids = set()
     for request in run.named(semconv.SPAN_REQUEST):
         for child in run.children(request):
             assert request.start_ns - slack_ns <= child.start_ns
             assert child.end_ns <= request.end_ns + slack_ns
-            checked += child.resource.get(semconv.LLMTRACE_PROCESS_ROLE) == "engine"
+            if child.resource.get(semconv.LLMTRACE_PROCESS_ROLE) == "engine":
+                checked += 1
+                engine_pids.add(child.resource.get("process.pid"))
     assert checked >= 9  # queue, prefill and decode of each of the 3 requests
+    assert engine_pids and engine_pids <= set(run.result["skewed_pids"])  # the skew was really applied there
 
 
 def test_engine_process_dying_fails_open_requests_cleanly(tmp_path: Path) -> None:
