@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
@@ -183,17 +184,19 @@ def test_no_cuda_no_forward_timer(captured: Captured) -> None:
     assert semconv.LLM_FORWARD_GPU_TIME_S not in forward.attributes
 
 
-def test_idle_engine_closes_an_old_window(runtime_with: object) -> None:
-    """idle() exports a window past its age at once; a young window stays open."""
-    import time
-
+def test_idle_engine_closes_an_old_window(runtime_with: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """idle() exports a window that has reached its age at once; a younger window stays open.
+    The engine's clock is stepped by hand: the window's age is the point, not real time."""
+    clock = [time.monotonic_ns()]
+    monkeypatch.setattr("llmtrace.lifecycle.engine.monotonic_ns", lambda: clock[0])
     captured: Captured = runtime_with(engine_window_s=0.05, engine_window_steps=1000)  # type: ignore[operator]
     engine = EngineTracer("dp9")
     engine.tracker.add("a")
     _run_steps(engine, ["a"], 2)
+    clock[0] += 49_999_999
     engine.idle()
     assert [] == captured.named(semconv.SPAN_ENGINE)
-    time.sleep(0.06)
+    clock[0] += 1
     engine.idle()
     assert 1 == len(captured.named(semconv.SPAN_ENGINE))
 

@@ -116,23 +116,38 @@ def _rss_kib() -> int:
     return 0
 
 
+#: Where span exporters live: an ``export`` entered from one of these files is an export call.
+_EXPORTER_FILES = (os.path.join("opentelemetry", "exporter", ""), os.path.join("llmtrace", "_export"))
+
+
 def scenario_dead(tracer: trace.Tracer) -> dict[str, Any]:
-    """Serve "requests" (each: a request trace) for a few seconds; the endpoint is dead."""
+    """Serve "requests" (each: a request trace) for a few seconds; the endpoint is dead.
+
+    ``exports_on_request_thread`` counts exporter ``export`` calls entered on the serving
+    thread (a profile hook on this thread only): the request path must hand spans off,
+    never export, whatever the exporter is doing."""
     duration_s = float(os.environ.get("APP_DURATION_S", "6"))
-    served, latencies, rss = 0, [], []
+    served, rss, exports = 0, [], [0]
+
+    def on_call(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "export" and frame.f_code.co_filename.endswith(".py") \
+                and any(part in frame.f_code.co_filename for part in _EXPORTER_FILES):
+            exports[0] += 1
+
     started = time.monotonic()
     next_sample = started
-    while time.monotonic() - started < duration_s:
-        t0 = time.perf_counter()
-        _request_trace(tracer, time.time_ns(), total_ms=5, ttft_s=0.001)
-        latencies.append(time.perf_counter() - t0)
-        served += 1
-        if time.monotonic() >= next_sample:
-            rss.append(_rss_kib())
-            next_sample += 0.5
-        time.sleep(0.0005)
-    latencies.sort()
-    return {"served": served, "rss_kib": rss, "p99_s": latencies[int(len(latencies) * 0.99)]}
+    sys.setprofile(on_call)
+    try:
+        while time.monotonic() - started < duration_s:
+            _request_trace(tracer, time.time_ns(), total_ms=5, ttft_s=0.001)
+            served += 1
+            if time.monotonic() >= next_sample:
+                rss.append(_rss_kib())
+                next_sample += 0.5
+            time.sleep(0.0005)
+    finally:
+        sys.setprofile(None)
+    return {"served": served, "rss_kib": rss, "exports_on_request_thread": exports[0]}
 
 
 SCENARIOS = {"request": scenario_request, "sampling": scenario_sampling, "lifecycle": scenario_lifecycle,
