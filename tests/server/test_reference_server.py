@@ -15,7 +15,7 @@ import pytest
 from llmtrace import semconv
 from tests.server.spans import Run, load_run
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 #: A KV budget far below what 12 concurrent requests need: preemption must happen.
 TIGHT_ENGINE = json.dumps({"total_blocks": 12, "block_size": 8, "max_batch": 8})
