@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtrace.config import ConfigError
 from llmtrace.demo import DemoExport, demo_export
+from llmtrace.errors import ConfigError
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "reference_server.jsonl.gz"
 

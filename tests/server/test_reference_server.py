@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmtrace import semconv
+from llmtrace.analysis.model import Span
 from tests.server.spans import Run, load_run
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -27,7 +28,7 @@ def loaded_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return load_run("ref_server_load.py", out, "--clients", "12", "--disconnects", "1", "--engine", TIGHT_ENGINE)
 
 
-def _finished(run: Run) -> list:
+def _finished(run: Run) -> list[Span]:
     return [s for s in run.named(semconv.SPAN_REQUEST)
             if s.attr(semconv.LLM_REQUEST_FINISH_REASON) in (semconv.FINISH_STOP, semconv.FINISH_LENGTH)]
 

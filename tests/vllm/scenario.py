@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 PROMPTS = ["hello world the quick brown fox", "the lazy dog jumps over the quick brown fox again and again",
            "brown fox", "over the lazy dog the quick brown fox jumps hello world"]
@@ -37,7 +38,7 @@ def main() -> None:
     from tests.vllm.fake_executor import TOKEN_ID
     from vllm import LLM, SamplingParams
 
-    extra: dict[str, object] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    extra: dict[str, Any] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
     if args.otlp_traces_endpoint:
         extra["otlp_traces_endpoint"] = args.otlp_traces_endpoint
         extra["disable_log_stats"] = False  # vLLM's request spans are built from its stats (on in `vllm serve`)
