@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from scripts.otel_stack.stack import free_port
 from tests.stack.run_app import AppRun, run_app
-from tests.stack.stack import free_port
 
 pytestmark = pytest.mark.stack
 

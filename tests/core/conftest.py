@@ -19,11 +19,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmtrace import _runtime
-from llmtrace._export import ExportStats
-from llmtrace._otel import LLMTraceSampler, Providers
+from llmtrace._otel.export import ExportStats
+from llmtrace._otel.providers import LLMTraceSampler, Providers
 from llmtrace.config import resolve
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.metrics import ServingMetrics
+from llmtrace.lifecycle.metrics import ServingMetrics
 
 
 @dataclass

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from llmtrace._otlp_json import encode_spans
+from llmtrace._otel.otlp_json import encode_spans
 
 _ID_KEYS = {"traceId", "spanId", "parentSpanId"}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtrace.demo import DemoExport, demo_export
 from llmtrace.errors import ConfigError
+from llmtrace.server.demo import DemoExport, demo_export
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "reference_server.jsonl.gz"
 
