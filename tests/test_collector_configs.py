@@ -45,7 +45,8 @@ ENV_REF = re.compile(r"\$\{env:([A-Z0-9_]+)(:-([^}]*))?\}")
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+    return loaded
 
 
 def _component_types(config: dict[str, Any]) -> dict[str, set[str]]:
