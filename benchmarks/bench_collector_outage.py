@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settle,
         spill_spans,
     )
-    from tests.stack.stack import OtelStack, query_traces
+    from scripts.otel_stack.stack import OtelStack, query_traces
 
     work = Path(tempfile.mkdtemp(prefix="llmtrace-outage-"))
     os.environ["XDG_STATE_HOME"] = str(work / "state")  # the server inherits it: the default spill path

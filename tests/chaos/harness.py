@@ -26,9 +26,9 @@ from typing import TypeVar
 import openai
 
 from llmtrace import semconv
-from llmtrace._otlp_json_read import MALFORMED, decode_spans
-from tests.stack.binaries import REPO_ROOT
-from tests.stack.stack import ManagedProcess, OtelStack, free_port
+from llmtrace._otel.otlp_json_read import MALFORMED, decode_spans
+from scripts.otel_stack.binaries import REPO_ROOT
+from scripts.otel_stack.stack import ManagedProcess, OtelStack, free_port
 
 SERVER_START_TIMEOUT_S = 120.0
 SERVER_STOP_TIMEOUT_S = 30.0

@@ -31,7 +31,7 @@ from tests.chaos.harness import (
     spill_spans,
     wait_until,
 )
-from tests.stack.stack import OtelStack, StackSpan, query_traces
+from scripts.otel_stack.stack import OtelStack, StackSpan, query_traces
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack.binaries import REPO_ROOT
-from tests.stack.stack import OtelStack, free_port, query_traces
+from scripts.otel_stack.binaries import REPO_ROOT
+from scripts.otel_stack.stack import OtelStack, free_port, query_traces
 
 pytestmark = pytest.mark.stack
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.harness import REQUEST_SPANS, Load, RefServer, RssSampler, black_hole, spill_spans
-from tests.stack.binaries import REPO_ROOT
+from scripts.otel_stack.binaries import REPO_ROOT
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

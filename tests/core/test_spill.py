@@ -19,14 +19,14 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from llmtrace import semconv
-from llmtrace._export import BoundedSpanProcessor, ExportStats, OtlpHttpJsonSpanExporter
-from llmtrace._otlp_json import encode_spans
-from llmtrace._otlp_json_read import decode_spans
-from llmtrace._spill import SpillStore
-from llmtrace._spill_export import with_spill
+from llmtrace._otel.export import BoundedSpanProcessor, ExportStats, OtlpHttpJsonSpanExporter
+from llmtrace._otel.otlp_json import encode_spans
+from llmtrace._otel.otlp_json_read import decode_spans
+from llmtrace._otel.spill import SpillStore
+from llmtrace._otel.spill_export import with_spill
 from llmtrace.analysis.sources import load_spans
 from llmtrace.config import resolve
-from tests.stack.stack import free_port
+from scripts.otel_stack.stack import free_port
 
 
 class Receiver:

@@ -31,9 +31,9 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import ReadableSpan
 
-from llmtrace._gil import GilYield
-from llmtrace._otlp_json import encode_spans
-from llmtrace._otlp_json_read import MALFORMED, decode_spans
+from llmtrace._otel.gil import GilYield
+from llmtrace._otel.otlp_json import encode_spans
+from llmtrace._otel.otlp_json_read import MALFORMED, decode_spans
 from llmtrace._safety import warn_once
 
 log = logging.getLogger("llmtrace")

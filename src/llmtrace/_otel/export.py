@@ -29,8 +29,8 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from llmtrace import semconv
-from llmtrace._gil import GilYield
-from llmtrace._otlp_json import encode_spans
+from llmtrace._otel.gil import GilYield
+from llmtrace._otel.otlp_json import encode_spans
 from llmtrace._safety import warn_once
 
 log = logging.getLogger("llmtrace")
@@ -267,7 +267,7 @@ def estimated_bytes(span: ReadableSpan) -> int:
 
 
 class _Spill(Protocol):
-    """What the processor needs of the spill (:class:`llmtrace._spill_export.Spiller`)."""
+    """What the processor needs of the spill (:class:`llmtrace._otel.spill_export.Spiller`)."""
 
     def offer(self, span: ReadableSpan, size: int) -> bool: ...
 

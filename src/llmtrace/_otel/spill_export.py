@@ -12,7 +12,7 @@ Three parts, none of them on the serving path:
   it is down, its re-send attempts are the probes.
 
 Every span ends up exported, on disk, or dropped and counted with a reason
-(:class:`llmtrace._export.ExportStats`).
+(:class:`llmtrace._otel.export.ExportStats`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llmtrace import semconv
-from llmtrace._export import ExportStats, estimated_bytes
+from llmtrace._otel.export import ExportStats, estimated_bytes
 from llmtrace._safety import record_error
-from llmtrace._spill import SpillStore, usable_directory
+from llmtrace._otel.spill import SpillStore, usable_directory
 from llmtrace.config import Settings
 
 log = logging.getLogger("llmtrace")

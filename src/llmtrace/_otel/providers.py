@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from llmtrace import semconv
-from llmtrace._export import (
+from llmtrace._otel.export import (
     BoundedSpanProcessor,
     ExportStats,
     JsonLinesMetricExporter,
@@ -46,8 +46,8 @@ from llmtrace._export import (
     OtlpHttpJsonSpanExporter,
     open_sink,
 )
-from llmtrace._histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
-from llmtrace._spill_export import Spiller, log_summary, with_spill
+from llmtrace._otel.histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
+from llmtrace._otel.spill_export import Spiller, log_summary, with_spill
 from llmtrace._version import __version__
 from llmtrace.config import Settings
 

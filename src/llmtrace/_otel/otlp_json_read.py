@@ -1,6 +1,6 @@
 """OTLP/JSON lines back into SDK spans: how the spill is re-sent through any OTLP exporter.
 
-The inverse of :func:`llmtrace._otlp_json.encode_spans` for what it writes (ids in hex,
+The inverse of :func:`llmtrace._otel.otlp_json.encode_spans` for what it writes (ids in hex,
 64-bit integers as strings, enums as numbers); each decoded span is a plain
 :class:`~opentelemetry.sdk.trace.ReadableSpan`, so the gRPC, HTTP/protobuf and HTTP/JSON
 exporters all take it unchanged.
