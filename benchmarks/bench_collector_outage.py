@@ -49,6 +49,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
+    from scripts.otel_stack.stack import OtelStack, query_traces
     from tests.chaos.harness import (
         REQUEST_SPANS,
         Load,
@@ -59,7 +60,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         settle,
         spill_spans,
     )
-    from scripts.otel_stack.stack import OtelStack, query_traces
 
     work = Path(tempfile.mkdtemp(prefix="llmtrace-outage-"))
     os.environ["XDG_STATE_HOME"] = str(work / "state")  # the server inherits it: the default spill path

@@ -125,7 +125,11 @@ class RefServer:
 
     def summaries(self) -> list[tuple[int, int, int, int]]:
         """(exported, spilled, left on disk, dropped) from each process's exit line, when it logged one."""
-        return [tuple(map(int, m.groups())) for m in _SUMMARY.finditer(self.log_path.read_text(errors="replace"))]
+        found = []
+        for match in _SUMMARY.finditer(self.log_path.read_text(errors="replace")):
+            exported, spilled, left, dropped = map(int, match.groups())
+            found.append((exported, spilled, left, dropped))
+        return found
 
 
 @dataclass

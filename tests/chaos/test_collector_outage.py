@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.otel_stack.stack import OtelStack, StackSpan, query_traces
 from tests.chaos.harness import (
     REQUEST_SPANS,
     Load,
@@ -31,7 +32,6 @@ from tests.chaos.harness import (
     spill_spans,
     wait_until,
 )
-from scripts.otel_stack.stack import OtelStack, StackSpan, query_traces
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness import REQUEST_SPANS, Load, RefServer, RssSampler, black_hole, spill_spans
 from scripts.otel_stack.binaries import REPO_ROOT
+from tests.chaos.harness import REQUEST_SPANS, Load, RefServer, RssSampler, black_hole, spill_spans
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

@@ -231,9 +231,32 @@ def test_torn_and_malformed_lines_of_an_adopted_spill_are_skipped(tmp_path: Path
     try:
         _, processor, stats = _pipeline(tmp_path, port)
         _wait(lambda: stats.exported >= 5)
-        assert sorted(format(s.context.span_id, "016x") for s in spans) == sorted(receiver.span_ids)
+        assert sorted(format(s.get_span_context().span_id, "016x") for s in spans) == sorted(receiver.span_ids)
         _wait(lambda: not list(spill.glob("*")))
         assert [] == list(spill.glob("*"))
         processor.close(5000)
     finally:
+        receiver.close()
+
+
+def test_the_queue_is_bounded_in_bytes_as_well_as_spans(port: int) -> None:
+    """A 10,000-span queue bounded at 64 KiB (about 28 spans of 30 attributes, by the estimate):
+    a burst of 300 such spans overflows on bytes long before the span bound; with no spill, what
+    did not fit is dropped and counted as queue_full, and everything else reaches the endpoint."""
+    receiver = Receiver(port)
+    stats = ExportStats()
+    exporter = OtlpHttpJsonSpanExporter(f"http://127.0.0.1:{port}/v1/traces", timeout_s=5)
+    processor = BoundedSpanProcessor(exporter, stats, 10_000, "test", 64 * 1024)
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    try:
+        for i in range(300):
+            tracer.start_span("s", attributes={f"a{k}": i for k in range(30)}).end()
+        assert processor.force_flush(10_000)
+        assert stats.dropped_by_reason.keys() == {semconv.DROP_QUEUE_FULL}
+        assert 300 == stats.exported + stats.dropped
+        assert stats.exported == len(receiver.span_ids)
+    finally:
+        processor.close(5000)
         receiver.close()

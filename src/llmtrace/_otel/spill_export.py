@@ -30,8 +30,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llmtrace import semconv
 from llmtrace._otel.export import ExportStats, estimated_bytes
-from llmtrace._safety import record_error
 from llmtrace._otel.spill import SpillStore, usable_directory
+from llmtrace._safety import record_error
 from llmtrace.config import Settings
 
 log = logging.getLogger("llmtrace")
