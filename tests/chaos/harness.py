@@ -12,12 +12,8 @@ import contextlib
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,10 +24,9 @@ import openai
 from llmtrace import semconv
 from llmtrace._otel.otlp_json_read import MALFORMED, decode_spans
 from scripts.otel_stack.binaries import REPO_ROOT
-from scripts.otel_stack.stack import ManagedProcess, OtelStack, free_port
+from scripts.otel_stack.stack import ManagedProcess, OtelStack
+from tests.helpers.server_process import ServerProcess
 
-SERVER_START_TIMEOUT_S = 120.0
-SERVER_STOP_TIMEOUT_S = 30.0
 #: Spans every streamed completion makes: the SERVER span, llm.request and its four phases.
 REQUEST_SPANS = {"POST /v1/completions", semconv.SPAN_REQUEST, semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE,
                  semconv.SPAN_PREFILL, semconv.SPAN_DECODE}
@@ -67,16 +62,14 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-class RefServer:
-    """``python -m llmtrace.server`` on a free port, exporting to *endpoint*."""
+class RefServer(ServerProcess):
+    """``python -m llmtrace.server`` on a free port, exporting OTLP/gRPC to *endpoint*, spilling to
+    *spill_dir*; started (``/health`` ok) on construction. The test process's own ``OTEL_*`` and
+    ``LLMTRACE_*`` variables are not passed on: the server's telemetry is only what the test sets."""
 
     def __init__(self, service: str, endpoint: str, spill_dir: Path, log_path: Path,
                  extra_env: Mapping[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "LLMTRACE_"))}
-        env.update({
+        env = {
             "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "src")]),
             "LLMTRACE_SERVICE_NAME": service,
             "LLMTRACE_ENDPOINT": endpoint,
@@ -85,48 +78,28 @@ class RefServer:
             "LLMTRACE_METRICS_INTERVAL_S": "1",
             "LLMTRACE_GPU": "off",
             **(extra_env or {}),
-        })
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmtrace.server", "--port", str(self.port)],
-                                     env=env, cwd=REPO_ROOT, stdout=self._log, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        }
+        super().__init__(["-m", "llmtrace.server", "--port", "{port}"], log=log_path, env=env)
+        self._env = {k: v for k, v in self._env.items() if k in env or not k.startswith(("OTEL_", "LLMTRACE_"))}
+        self.url = self.base_url
+        self.start()
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.log()}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready after {SERVER_START_TIMEOUT_S}s:\n{self.log()}")
-
-    def pids(self) -> list[int]:
-        return [self.proc.pid, *_children(self.proc.pid)]
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def rss_kib(self) -> int:
         """Resident memory of the API server and its engine process together."""
-        return sum(_rss_kib(pid) for pid in self.pids())
+        return sum(_rss_kib(pid) for pid in [self.pid, *_children(self.pid)])
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def stop(self) -> None:
-        """SIGTERM (uvicorn shuts down, llmtrace flushes at exit), as an orchestrator stops a pod."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(SERVER_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+    def log_tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:]
 
     def summaries(self) -> list[tuple[int, int, int, int]]:
         """(exported, spilled, left on disk, dropped) from each process's exit line, when it logged one."""
         found = []
-        for match in _SUMMARY.finditer(self.log_path.read_text(errors="replace")):
+        for match in _SUMMARY.finditer(self.log.read_text(errors="replace")):
             exported, spilled, left, dropped = map(int, match.groups())
             found.append((exported, spilled, left, dropped))
         return found

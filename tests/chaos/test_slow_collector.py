@@ -49,7 +49,7 @@ def test_a_silent_collector_costs_the_serving_path_nothing(tmp_path: Path) -> No
     slowest = max(o.ended - o.started for o in load.outcomes)
     assert slowest < EXPORT_TIMEOUT_S, slowest
     summaries = server.summaries()
-    assert 2 == len(summaries), server.log()  # the API server and the engine process
+    assert 2 == len(summaries), server.log_tail()  # the API server and the engine process
     exported, spilled, _, dropped = (sum(column) for column in zip(*summaries, strict=True))
     on_disk = spill_spans(spill)
     assert (0, 0) == (exported, dropped)
