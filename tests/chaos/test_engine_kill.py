@@ -8,7 +8,8 @@ What must hold: a stream in flight when its engine dies fails at once with an er
 so (no hang, no timeout); requests while the engine is down get a 503 naming the restart;
 the supervisor restarts the engine without anyone's help, and requests succeed again; each
 restart is counted in ``llm.engine.restarts`` (``/health`` and the exported metric); the front
-end's memory stays bounded across the restarts.
+end's memory stays bounded across the restarts; every request the front end answered has its
+SERVER span in the trace file (the killed engine's unexported spans die with it).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import openai
 import pytest
 
 from llmtrace import semconv
+from llmtrace.analysis.sources import load_spans
 from tests.helpers.server_process import ServerProcess
 
 pytestmark = pytest.mark.torch
@@ -40,6 +42,7 @@ RECOVERY_TIMEOUT_S = 180.0
 #: Front-end RSS growth allowed over both restarts (new pipes, a new reader thread, the
 #: allocator's high-water mark under load); a leak per restart of a whole engine's state is more.
 RSS_GROWTH_BOUND = 64 << 20
+SERVER_SPAN = "POST /v1/chat/completions"
 
 
 @dataclass
@@ -155,3 +158,6 @@ def test_the_engine_killed_under_load_fails_streams_fast_and_comes_back(server: 
                       **{kind: len(outcomes) for kind, outcomes in by_kind.items()}}))
     server.stop()
     assert KILLS == _exported_restarts(tmp_path / "traces.jsonl")
+    # The front end stayed up: each request it answered, served or refused, has its SERVER span.
+    front_end = [s for s in load_spans(str(tmp_path / "traces.jsonl")).spans if SERVER_SPAN == s.name]
+    assert len(load.outcomes) == len(front_end)
