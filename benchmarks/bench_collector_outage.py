@@ -51,7 +51,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sys.path.insert(0, str(REPO))
     from scripts.otel_stack.stack import OtelStack, query_traces
     from tests.chaos.harness import (
-        REQUEST_SPANS,
         Load,
         RefServer,
         RssSampler,
@@ -112,7 +111,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spans += [span for span in stored if (span.trace_id, span.span_id) not in seen]
     measured = Run(load.outcomes, spans, counters, rss.samples, spill_size, failed_at, restarted_at,
               len(spill_spans(spill)))
-    return summarise(args, measured, REQUEST_SPANS)
+    return summarise(args, measured)
 
 
 @dataclass
@@ -127,7 +126,7 @@ class Run:
     left_in_spill: int
 
 
-def summarise(args: argparse.Namespace, run: Run, request_spans: set[str]) -> dict[str, Any]:
+def summarise(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     traces: dict[str, set[str]] = {}
     for span in run.spans:
         traces.setdefault(span.trace_id, set()).add(span.name)
@@ -137,8 +136,8 @@ def summarise(args: argparse.Namespace, run: Run, request_spans: set[str]) -> di
                               "phases_s": [args.before, args.outage, args.after]}
     for phase, (start, end) in phases.items():
         outcomes = [o for o in run.outcomes if start <= o.ended < end]
-        whole = [o for o in outcomes if o.trace_id and request_spans <= traces.get(o.trace_id, set())]
-        missing_spans = sum(len(request_spans - traces.get(o.trace_id or "", set())) for o in outcomes)
+        whole = [o for o in outcomes if o.whole_in(traces)]
+        missing_spans = sum(o.missing_in(traces) for o in outcomes)
         latencies = [o.ended - o.started for o in outcomes if o.ok]
         result[phase] = {
             "requests": len(outcomes), "failed": sum(not o.ok for o in outcomes),
@@ -146,8 +145,7 @@ def summarise(args: argparse.Namespace, run: Run, request_spans: set[str]) -> di
             "latency_p50_s": round(statistics.median(latencies), 4) if latencies else None,
             "latency_p99_s": round(_percentile(latencies, 0.99), 4) if latencies else None,
         }
-    lost = [o for o in run.outcomes if o.ended < failed_at and not (o.trace_id and request_spans <= traces.get(
-        o.trace_id, set()))]
+    lost = [o for o in run.outcomes if o.ended < failed_at and not o.whole_in(traces)]
     result["lost_window_s"] = round(failed_at - min(o.ended for o in lost), 2) if lost else 0.0
     at_failure = [kib for t, kib in run.rss if t <= failed_at][-1]
     during = [kib for t, kib in run.rss if failed_at < t <= restarted_at]

@@ -27,7 +27,8 @@ from scripts.otel_stack.binaries import REPO_ROOT
 from scripts.otel_stack.stack import ManagedProcess, OtelStack
 from tests.helpers.server_process import ServerProcess
 
-#: Spans every streamed completion makes: the SERVER span, llm.request and its four phases.
+#: Spans every streamed completion makes: the SERVER span, llm.request and its four phases
+#: (``llm.decode`` only after a second token: a completion that ends at its first has none).
 REQUEST_SPANS = {"POST /v1/completions", semconv.SPAN_REQUEST, semconv.SPAN_TOKENIZE, semconv.SPAN_QUEUE,
                  semconv.SPAN_PREFILL, semconv.SPAN_DECODE}
 T = TypeVar("T")
@@ -43,6 +44,17 @@ class Outcome:
     ok: bool
     trace_id: str | None
     error: str = ""
+    tokens: int = 0  #: completion tokens, from the stream's usage chunk
+
+    def expected_spans(self) -> set[str]:
+        return REQUEST_SPANS if self.tokens > 1 else REQUEST_SPANS - {semconv.SPAN_DECODE}
+
+    def whole_in(self, names_by_trace: Mapping[str, set[str]]) -> bool:
+        """Every span this request's trace must have is among *names_by_trace* [its trace id]."""
+        return self.trace_id is not None and self.expected_spans() <= names_by_trace.get(self.trace_id, set())
+
+    def missing_in(self, names_by_trace: Mapping[str, set[str]]) -> int:
+        return len(self.expected_spans() - names_by_trace.get(self.trace_id or "", set()))
 
 
 def _children(pid: int) -> list[int]:
@@ -137,17 +149,19 @@ class Load:
         while not self._stop.is_set():
             n += 1
             started = time.monotonic()
-            trace_id = None
+            trace_id, chunks, tokens = None, 0, 0
             try:
                 with client.completions.with_streaming_response.create(
                         model="llmtrace-tiny-gpt2", prompt=f"client {index} request {n}",
-                        max_tokens=self.max_tokens, stream=True) as response:
+                        max_tokens=self.max_tokens, stream=True, stream_options={"include_usage": True}) as response:
                     trace_id = _trace_id(response.headers.get("traceresponse"))
-                    chunks = sum(1 for _ in response.parse())
+                    for chunk in response.parse():
+                        chunks += 1
+                        tokens = chunk.usage.completion_tokens if chunk.usage else tokens
                 ok, error = chunks > 0, "" if chunks else "no chunks"
             except Exception as exc:  # noqa: BLE001 - a failed request is what the test counts
                 ok, error = False, repr(exc)
-            self.outcomes.append(Outcome(started, time.monotonic(), ok, trace_id, error))
+            self.outcomes.append(Outcome(started, time.monotonic(), ok, trace_id, error, tokens))
 
     def failed(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.ok]

@@ -20,7 +20,6 @@ import pytest
 
 from scripts.otel_stack.stack import OtelStack, StackSpan, query_traces
 from tests.chaos.harness import (
-    REQUEST_SPANS,
     Load,
     Outcome,
     RefServer,
@@ -76,7 +75,7 @@ def _jaeger(stack: OtelStack, service: str) -> dict[str, list[StackSpan]]:
 
 def _complete(outcome: Outcome, traces: dict[str, list[StackSpan]]) -> bool:
     """Jaeger holds every span the request's trace must have."""
-    return outcome.trace_id is not None and REQUEST_SPANS <= {s.name for s in traces.get(outcome.trace_id, [])}
+    return outcome.whole_in({outcome.trace_id or "": {s.name for s in traces.get(outcome.trace_id or "", [])}})
 
 
 def _unique_spans(traces: dict[str, list[StackSpan]]) -> int:
