@@ -17,12 +17,12 @@
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyString};
+use rustc_hash::FxBuildHasher;
 use serde::de::{self, IgnoredAny, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -301,8 +301,9 @@ const STATUS_NAMES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_
 
 /// Decodes OTLP/JSON lines into `llmtrace.analysis.model.Span` tuples.
 ///
-/// Built once with the model's classes and enum members, so the module has no import-time
-/// dependency on llmtrace (`sources/otlp_native.py` constructs it).
+/// Built once with the model's classes and enum members and the span and attribute names
+/// of `llmtrace.semconv`, so the module has no import-time dependency on llmtrace and
+/// writes none of its names a second time (`analysis/_kernels.py` constructs it).
 #[pyclass(module = "llmtrace_native", frozen)]
 pub struct Decoder {
     pub(crate) span_type: Py<PyAny>,
@@ -310,19 +311,33 @@ pub struct Decoder {
     pub(crate) kinds: Vec<Py<PyAny>>,
     pub(crate) statuses: Vec<Py<PyAny>>,
     pub(crate) empty_attrs: Py<PyAny>,
+    /// The engine-side span names, by the table's name code ([`table::ENGINE_SPANS`]).
+    pub(crate) engine_spans: Vec<String>,
+    /// The same names as Python strings (the spans the table makes share them).
+    pub(crate) engine_span_objects: Vec<Py<PyAny>>,
+    /// `service.name`, the resource attribute a span's service is read from.
+    pub(crate) service_key: Py<PyAny>,
+    /// The step attributes the table reads, in [`table::STEP_KEYS`] order.
+    pub(crate) step_keys: Vec<String>,
 }
 
 #[pymethods]
 impl Decoder {
-    /// `Decoder(Span, Link, kinds, statuses, empty_attrs)`: `kinds[i]` is `SpanKind(i)` for
-    /// i in 0..6, `statuses[i]` is `StatusCode(i)` for i in 0..3.
+    /// `Decoder(Span, Link, kinds, statuses, empty_attrs, engine_spans, service_key,
+    /// step_keys)`: `kinds[i]` is `SpanKind(i)` for i in 0..6, `statuses[i]` is
+    /// `StatusCode(i)` for i in 0..3; the names are described on the fields.
     #[new]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         span_type: Bound<'_, PyAny>,
         link_type: Bound<'_, PyAny>,
         kinds: Vec<Py<PyAny>>,
         statuses: Vec<Py<PyAny>>,
         empty_attrs: Py<PyAny>,
+        engine_spans: Vec<String>,
+        service_key: String,
+        step_keys: Vec<String>,
     ) -> PyResult<Self> {
         for t in [&span_type, &link_type] {
             if !named_tuple::is_tuple_class(t) {
@@ -334,18 +349,33 @@ impl Decoder {
         if kinds.len() != 6 || statuses.len() != 3 {
             return Err(PyTypeError::new_err("need 6 span kinds and 3 status codes"));
         }
+        if engine_spans.len() != table::ENGINE_SPANS || step_keys.len() != table::STEP_KEYS {
+            return Err(PyTypeError::new_err(format!(
+                "need {} engine span names and {} step attribute keys",
+                table::ENGINE_SPANS,
+                table::STEP_KEYS
+            )));
+        }
+        let engine_span_objects = engine_spans
+            .iter()
+            .map(|n| PyString::new(py, n).into_any().unbind())
+            .collect();
         Ok(Decoder {
             span_type: span_type.unbind(),
             link_type: link_type.unbind(),
             kinds,
             statuses,
             empty_attrs,
+            engine_spans,
+            engine_span_objects,
+            service_key: PyString::new(py, &service_key).into_any().unbind(),
+            step_keys,
         })
     }
 
     /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
     /// must read it. `strings` is the interning dict shared with them (`Interner.strings`).
-    /// With `table`, engine-side spans (`table::ENGINE_NAMES`) go into it instead of the
+    /// With `table`, engine-side spans (`Decoder::engine_spans`) go into it instead of the
     /// list; a declined line leaves the table as it was. `scan=False` reads the line with
     /// serde alone, skipping the hand-written fast path (`scan.rs`; the tests compare both).
     #[pyo3(signature = (data, strings, table=None, scan=true))]
@@ -407,11 +437,11 @@ struct Ctx<'py, 'd, 'doc, 't> {
     decoder: &'d Decoder,
     /// The line's interned strings by their text (borrowed: `strings` holds them), so a
     /// trace id or span name repeated in the line is neither copied nor hashed again.
-    seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, BuildHasherDefault<FxHasher>>>,
+    seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, FxBuildHasher>>,
     /// The line's span ids, so a parent id and its span's own id are one string object (a
     /// step's four children name it): fewer allocations, less memory. Not interned across
     /// lines: span ids are unique, a global table would only grow.
-    ids: RefCell<HashMap<&'doc str, Owned, BuildHasherDefault<FxHasher>>>,
+    ids: RefCell<HashMap<&'doc str, Owned, FxBuildHasher>>,
 }
 
 impl<'doc> Ctx<'_, '_, 'doc, '_> {
@@ -437,7 +467,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             for ss in scopes {
                 for sp in ss.spans.as_deref().unwrap_or_default() {
                     if let Some(tab) = &self.table {
-                        if let Some(code) = table::ENGINE_NAMES.iter().position(|n| *n == sp.name) {
+                        if let Some(code) = self.decoder.engine_spans.iter().position(|n| *n == sp.name) {
                             let mut t = tab.borrow_mut();
                             let res = match in_table {
                                 Some(r) => r,
@@ -467,11 +497,11 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         Ok(out)
     }
 
-    /// `str(resource["service.name"])`, interned; "" when absent. Only strings are taken.
+    /// `str(resource[service_key])`, interned; "" when absent. Only strings are taken.
     fn service(&self, rattrs: Option<&Owned>) -> Result<Owned, Fail> {
         if let Some(d) = rattrs {
-            let key = self.interned("service.name")?;
-            let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key.0) };
+            let key = self.decoder.service_key.as_ptr();
+            let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key) };
             if !v.is_null() {
                 if unsafe { ffi::PyUnicode_CheckExact(v) } == 0 {
                     return Err(Fail::Decline);
@@ -806,38 +836,6 @@ fn header<'doc>(
     Ok((parent, start, end, kind, code))
 }
 
-/// rustc's FxHash: the keys are short ids and names from one line, not attacker-chosen
-/// across lines (the map lives for one line), so a fast non-keyed hash is enough.
-#[derive(Default)]
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
-        }
-        for &b in chunks.remainder() {
-            self.add(u64::from(b));
-        }
-    }
-    fn write_u8(&mut self, b: u8) {
-        self.add(u64::from(b));
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
 /// A trace or span id the Python paths take as it is: exactly `len` ASCII characters
 /// (they count characters; for ASCII that is the byte length).
 fn is_id(s: &str, len: usize) -> bool {
@@ -854,7 +852,7 @@ mod table;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 4)?;
+    m.add("ABI_VERSION", 5)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;

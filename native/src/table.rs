@@ -18,27 +18,23 @@
 //! object and takes the Python path. `tests/analysis/test_engine_table.py` compares both.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasherDefault;
 
 use pyo3::exceptions::{PyIndexError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::gpu_idle::{self, Interval, Painted};
-use crate::{named_tuple, Decoder, FxHasher};
+use crate::{named_tuple, Decoder};
 
-type Fx = BuildHasherDefault<FxHasher>;
+type Fx = rustc_hash::FxBuildHasher;
 
-/// The span names the table takes; their index is the span's `name` code.
-pub(crate) const ENGINE_NAMES: [&str; 7] = [
-    "llm.engine",
-    "llm.step",
-    "llm.schedule",
-    "llm.forward",
-    "llm.sample",
-    "llm.postprocess",
-    "llm.gc",
-];
+/// How many span names the table takes (`Decoder::engine_spans`); a span's index in them
+/// is its `name` code: engine window, step, schedule, forward, sample, postprocess, gc.
+pub(crate) const ENGINE_SPANS: usize = 7;
+/// How many step attributes the views read (`Decoder::step_keys`), in this order: engine
+/// id, step id, batch size, queue waiting, queue running, kv-cache usage, preempted, batch
+/// request ids.
+pub(crate) const STEP_KEYS: usize = 8;
 const WINDOW: u8 = 0;
 const STEP: u8 = 1;
 const FORWARD: u8 = 3;
@@ -326,7 +322,7 @@ impl EngineTable {
             } else {
                 Self::id_text(py, parent)
             },
-            PyString::new(py, ENGINE_NAMES[usize::from(name)]).into_any(),
+            dec.engine_span_objects[usize::from(name)].bind(py).clone(),
             start.into_pyobject(py)?.into_any(),
             end.into_pyobject(py)?.into_any(),
             dec.kinds[usize::from(kind)].bind(py).clone(),
@@ -366,17 +362,13 @@ impl EngineTable {
 
     fn keys(&self) -> Keys {
         let st = &self.data.strings;
+        let names = &self.decoder.get().step_keys;
+        let find = |k: usize| st.find(&names[k]);
         Keys {
-            engine_id: st.find("llm.engine.id"),
-            step_id: st.find("llm.step.id"),
-            nums: [
-                st.find("llm.batch.size"),
-                st.find("llm.queue.waiting"),
-                st.find("llm.queue.running"),
-                st.find("llm.kv_cache.usage"),
-                st.find("llm.preempted"),
-            ],
-            request_ids: st.find("llm.batch.request_ids"),
+            engine_id: find(0),
+            step_id: find(1),
+            nums: [find(2), find(3), find(4), find(5), find(6)],
+            request_ids: find(7),
         }
     }
 

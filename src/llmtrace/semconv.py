@@ -142,6 +142,11 @@ HW_GPU_NAME: Final = "hw.gpu.name"  # metric attribute: the product name, e.g. "
 HW_GPU_ECC_UNCORRECTED: Final = "hw.gpu.ecc.uncorrected"  # volatile uncorrected ECC errors, count
 HW_GPU_PERFORMANCE_STATE: Final = "hw.gpu.performance_state"  # P-state, 0 (max) .. 15
 # ---- end GPU additions
+# ------------------------------------------------------------------- resource (OpenTelemetry)
+#: The resource attribute naming the process's service: the analyzer's clock domains and
+#: per-service views key on it.
+SERVICE_NAME: Final = "service.name"
+
 # ------------------------------------------------------------------- HTTP server (stable semconv)
 # llmtrace's own SERVER span and HTTP metrics use the stable HTTP semantic conventions,
 # the names OpenTelemetry's instrumentations emit with OTEL_SEMCONV_STABILITY_OPT_IN=http.

@@ -48,9 +48,9 @@ def test_analysis_without_the_compiled_core_reads_the_same(tmp_path: Path) -> No
     path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span(spanId=f"{i:016x}")) for i in range(1, 4)])
     code = (
         "from llmtrace.analysis._native import native\n"
-        "from llmtrace.analysis import gpu_idle\n"
-        "from llmtrace.analysis.sources import load_spans, otlp_native\n"
-        "assert native is None and not otlp_native.AVAILABLE and gpu_idle._native_classify_gaps is None\n"
+        "from llmtrace.analysis._kernels import KERNELS\n"
+        "from llmtrace.analysis.sources import load_spans\n"
+        "assert native is None and not KERNELS.compiled\n"
         f"print(len(load_spans({path!r}).spans))\n"
     )
     env = {**os.environ, "LLMTRACE_ANALYSIS_NATIVE": "0"}
