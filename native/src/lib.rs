@@ -285,6 +285,7 @@ impl Owned {
 
 impl Drop for Owned {
     fn drop(&mut self) {
+        // SAFETY: `Owned` holds a non-null strong reference it owns, released once, with the GIL held (it never leaves `spans_from_line`).
         unsafe { ffi::Py_DECREF(self.0) }
     }
 }
@@ -422,6 +423,7 @@ impl Decoder {
             }
         }
         match result {
+            // SAFETY: `into_raw` hands over the non-null new reference to the list.
             Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
             Err(Fail::Decline) => Ok(None),
             Err(Fail::Py(err)) => Err(err),
@@ -447,6 +449,7 @@ struct Ctx<'py, 'd, 'doc, 't> {
 impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn convert(&self, rss: &'doc [Obj<ResourceSpans<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
         let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
         for rs in rss {
             let rattrs = match rs.resource.as_ref().and_then(|r| r.attributes.as_deref()) {
@@ -455,6 +458,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             };
             let service = self.service(rattrs.as_ref())?;
             let resource = match &rattrs {
+                // SAFETY: `d` is a live dict this call made.
                 Some(d) if unsafe { ffi::PyDict_Size(d.0) } > 0 => d.0,
                 _ => self.decoder.empty_attrs.as_ptr(),
             };
@@ -467,13 +471,17 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             for ss in scopes {
                 for sp in ss.spans.as_deref().unwrap_or_default() {
                     if let Some(tab) = &self.table {
-                        if let Some(code) = self.decoder.engine_spans.iter().position(|n| *n == sp.name) {
+                        if let Some(code) =
+                            self.decoder.engine_spans.iter().position(|n| *n == sp.name)
+                        {
                             let mut t = tab.borrow_mut();
                             let res = match in_table {
                                 Some(r) => r,
                                 None => {
+                                    // SAFETY: `service` is a live `str` (`Ctx::service` returns one); the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token).
                                     let text = unsafe { py_text(service.0) }?;
                                     let r = t.add_resource(
+                                        // SAFETY: `service` and `resource` are live references held for the whole loop.
                                         unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
                                         unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
                                         text,
@@ -482,12 +490,14 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                                     r
                                 }
                             };
+                            // SAFETY: `out` is the live list this call made.
                             let before = t.python_seen + unsafe { ffi::PyList_Size(out.0) } as u64;
                             self.table_span(&mut t, sp, code as u8, res, before)?;
                             continue;
                         }
                     }
                     let span = self.span(sp, service.0, resource)?;
+                    // SAFETY: `out` and `span` are live; `PyList_Append` takes its own reference.
                     if unsafe { ffi::PyList_Append(out.0, span.0) } != 0 {
                         return Err(Fail::Py(PyErr::fetch(py)));
                     }
@@ -501,14 +511,18 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn service(&self, rattrs: Option<&Owned>) -> Result<Owned, Fail> {
         if let Some(d) = rattrs {
             let key = self.decoder.service_key.as_ptr();
+            // SAFETY: `d` is a live dict and `key` the decoder's live `str`; the result is borrowed or NULL.
             let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key) };
             if !v.is_null() {
+                // SAFETY: `v` is a non-null borrowed reference from the dict, alive while `d` is.
                 if unsafe { ffi::PyUnicode_CheckExact(v) } == 0 {
                     return Err(Fail::Decline);
                 }
+                // SAFETY: `v` is live (borrowed from `d`); the new reference is the one `Owned` takes over.
                 unsafe { ffi::Py_INCREF(v) };
                 return self.intern_object(Owned(v));
             }
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token).
             if unsafe { !ffi::PyErr_Occurred().is_null() } {
                 return Err(Fail::Py(PyErr::fetch(self.py)));
             }
@@ -528,6 +542,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         let attrs = match sp.attributes.as_deref() {
             Some(raw) if !raw.is_empty() => {
                 let dict = self.attributes(raw)?;
+                // SAFETY: `dict` is a live dict this call made.
                 if unsafe { ffi::PyDict_Size(dict.0) } > 0 {
                     dict
                 } else {
@@ -538,6 +553,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         };
         let links = match sp.links.as_deref() {
             Some(raw) if !raw.is_empty() => self.links(raw)?,
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
             _ => Owned::new(py, unsafe { ffi::PyTuple_New(0) })?,
         };
         let fields = [
@@ -545,9 +561,11 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             self.span_id(&sp.span_id)?,
             match parent {
                 Some(p) => self.span_id(p)?,
+                // SAFETY: `Py_None` is the immortal `None` singleton; `borrowed` adds a reference.
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             },
             self.interned(&sp.name)?,
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(start) })?,
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(end) })?,
             self.borrowed(d.kinds[kind].as_ptr()),
@@ -632,12 +650,14 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         if raw.iter().any(|ln| !ln.ids_ok()) {
             return Err(Fail::Decline);
         }
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t)
         })?;
         for (i, ln) in raw.iter().enumerate() {
             let fields = [self.interned(&ln.trace_id)?, self.text(&ln.span_id)?];
             let link = self.new_tuple(self.decoder.link_type.as_ptr(), fields)?;
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over `link`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, link.into_raw()) };
         }
         Ok(tuple)
@@ -657,6 +677,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     /// a value with no known key left out; later duplicates win, as in a dict.
     fn attributes(&self, raw: &'doc [Obj<KeyValue<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {
             let v = &kv.value;
@@ -669,6 +690,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 (None, None) => continue,
             };
             let key = self.interned(&kv.key)?;
+            // SAFETY: `dict`, `key` and `value` are live; `PyDict_SetItem` takes its own references.
             if unsafe { ffi::PyDict_SetItem(dict.0, key.0, value.0) } != 0 {
                 return Err(Fail::Py(PyErr::fetch(py)));
             }
@@ -680,6 +702,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn array(&self, arr: &'doc ArrayValue<'doc>) -> Result<Owned, Fail> {
         let py = self.py;
         let values = arr.values.as_deref().unwrap_or_default();
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
         })?;
@@ -689,8 +712,10 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             }
             let value = match self.scalar(e, false)? {
                 Some(value) => value,
+                // SAFETY: `Py_None` is the immortal `None` singleton; `borrowed` adds a reference.
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             };
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over `value`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, value.into_raw()) };
         }
         Ok(tuple)
@@ -711,6 +736,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 self.text(s)?
             }
         } else if let Some(i) = &v.int {
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
         } else if let Some(x) = v.double {
             Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
@@ -722,6 +748,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn boolean(&self, b: bool) -> Owned {
+        // SAFETY: `Py_True` and `Py_False` are immortal singletons; `borrowed` adds a reference.
         self.borrowed(unsafe {
             if b {
                 ffi::Py_True()
@@ -732,11 +759,13 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn borrowed(&self, p: *mut ffi::PyObject) -> Owned {
+        // SAFETY: `p` is a live object the caller holds a reference to.
         unsafe { ffi::Py_INCREF(p) };
         Owned(p)
     }
 
     fn text(&self, s: &str) -> Result<Owned, Fail> {
+        // SAFETY: `s` is valid UTF-8 of exactly `s.len()` bytes; the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
         Owned::new(self.py, unsafe {
             ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t)
         })
@@ -762,6 +791,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn intern_object(&self, s: Owned) -> Result<Owned, Fail> {
+        // SAFETY: `self.strings` is the caller's interning dict (kept alive by its `Bound` for the call) and `s` a live `str`; the result is borrowed or NULL.
         let kept = unsafe { ffi::PyDict_SetDefault(self.strings, s.0, s.0) };
         if kept.is_null() {
             return Err(Fail::Py(PyErr::fetch(self.py)));
@@ -786,6 +816,9 @@ fn table_scalar<A>(t: &mut table::Data, v: &AnyValue<'_, A>) -> Result<Option<ta
 }
 
 /// The text of a Python `str`.
+///
+/// # Safety
+/// `s` must be a live `str` object and the GIL held.
 unsafe fn py_text(s: *mut ffi::PyObject) -> Result<String, Fail> {
     let mut len: ffi::Py_ssize_t = 0;
     let p = ffi::PyUnicode_AsUTF8AndSize(s, &mut len);

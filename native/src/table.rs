@@ -1179,3 +1179,48 @@ fn engine_of(d: &Data, keys: &Keys, by_id: &HashMap<u128, u32, Fx>, i: u32) -> O
         Some(_) => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_pack_and_unpack_losslessly() {
+        for id in [
+            "0123456789abcdef",
+            "ffffffffffffffff",
+            "0000000000000000",
+            "ABCDEFabcdef0123",
+        ] {
+            let packed = pack_id(id);
+            assert_ne!(packed, NO_ID);
+            assert_eq!(&unpack_id(packed), id.as_bytes());
+        }
+    }
+
+    #[test]
+    fn packing_keeps_ids_apart_and_in_order() {
+        let (a, b) = (pack_id("0000000000000001"), pack_id("0000000000000010"));
+        assert_ne!(a, b);
+        assert!(a < b); // big-endian: byte order is text order
+        assert!(pack_id("~~~~~~~~~~~~~~~~") < NO_ID); // the largest ASCII id is not "no parent"
+    }
+
+    #[test]
+    fn batch_ids_continue_when_a_request_is_in_both_or_either_is_unknown() {
+        let ids = |xs: &[i64]| Some(xs.iter().map(|&x| Key::Int(x)).collect::<Vec<_>>());
+        assert!(continued(&ids(&[1, 2]), &ids(&[2, 3])));
+        assert!(!continued(&ids(&[1, 2]), &ids(&[3, 4])));
+        assert!(continued(&None, &ids(&[3])));
+        let capped: Vec<i64> = (0..64).collect();
+        let other: Vec<i64> = (100..164).collect();
+        assert!(continued(&ids(&capped), &ids(&other))); // both capped: may have continued
+    }
+
+    #[test]
+    fn percentiles_interpolate_as_python_does() {
+        assert_eq!(percentile_ints(&[10], 99.0), 10.0);
+        assert_eq!(percentile_ints(&[0, 10], 50.0), 5.0);
+        assert_eq!(percentile_sorted(&[1.0, 2.0, 3.0, 4.0, 5.0], 90.0), 4.6);
+    }
+}

@@ -51,7 +51,7 @@ STEP_KEYS = [sc.LLM_ENGINE_ID, sc.LLM_STEP_ID, sc.LLM_BATCH_SIZE, sc.LLM_QUEUE_W
 
 class Kernels(Protocol):
     """What the analyzers run through :data:`KERNELS` (both implementations give the same
-    results; ``tests/analysis/test_kernels.py`` checks it)."""
+    results; the differential tests in tests/analysis/ check it)."""
 
     #: Whether these are the compiled kernels (reported by ``LLMTRACE_ANALYSIS_DECODER``
     #: errors and the benchmarks).

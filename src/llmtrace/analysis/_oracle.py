@@ -3,7 +3,8 @@
 :mod:`llmtrace.analysis._kernels` picks these or the compiled ``llmtrace_native`` ones.
 Each function here is written to be read, not to be fast — the compiled module carries the
 speed budget (docs/analysis.md, "Performance"); without it these run, with the same results
-(``tests/analysis/test_kernels.py`` compares both on random input).
+(``test_critical_path.py``, ``test_gpu_idle_compiled.py`` and ``test_native_decoder.py`` in
+tests/analysis/ compare both on random input).
 
 * :func:`critical_path` — the backward walk described in :mod:`.critical_path`.
 * :func:`path_totals` — that walk for every request, summed.

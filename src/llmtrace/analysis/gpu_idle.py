@@ -236,7 +236,7 @@ def _batch_ids(st: StepView) -> Sequence[Any] | None:
 _GC = CAUSES.index("gc")
 _TOKENIZE = CAUSES.index("tokenize")
 #: Cause index by the engine table's host-span name code - 2 (schedule, forward, sample,
-#: postprocess; the order the table is given its span names in); forward is never a host span.
+#: postprocess: ``_kernels.ENGINE_SPANS``); forward is never a host span.
 _TABLE_HOST_CAUSES = (
     HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
     0,
