@@ -40,37 +40,6 @@ Children = Mapping[str, Sequence[Span]]
 Painted = list[tuple[int, int, int]]
 
 
-class PythonKernels:
-    """The kernels in Python (see the module doc)."""
-
-    compiled = False
-
-    def decode_line(self, data: bytes, strings: dict[str, str], table: EngineTable | None) -> list[Span] | None:
-        """Declines: the generic reader reads every line."""
-        return None
-
-    def new_engine_table(self) -> EngineTable | None:
-        """None: every span is a Python object."""
-        return None
-
-    def critical_path(self, children: Children, root: Span, overlap_allowance_ns: int) -> list[Section]:
-        return critical_path(children, root, overlap_allowance_ns)
-
-    def path_totals(self, items: Sequence[PathItem], overlap_allowance_ns: int) -> PathSums:
-        return path_totals(items, overlap_allowance_ns)
-
-    def classify_gaps(
-        self,
-        engine_id: str,
-        segs: Sequence[Interval],
-        forwards: Sequence[Span],
-        hosts: Sequence[Span],
-        extras: Sequence[tuple[int, int, int]],
-        work: Sequence[Interval],
-    ) -> list[Gap]:
-        return classify_gaps(engine_id, segs, forwards, hosts, extras, work)
-
-
 def _clipped_children(children: Children, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
     """``span``'s children clipped to ``[lo, hi]`` (those entirely outside dropped; an empty
     child at an edge kept), latest end first, then latest start."""
@@ -236,3 +205,20 @@ def _within(intervals: Sequence[_I], ends: Sequence[int], a: int, b: int) -> Ite
 
 def _overlap(a: int, b: int, s: int, e: int) -> int:
     return max(0, min(e, b) - max(s, a))
+
+
+class PythonKernels:
+    """The kernels in Python (see the module doc)."""
+
+    compiled = False
+    critical_path = staticmethod(critical_path)
+    path_totals = staticmethod(path_totals)
+    classify_gaps = staticmethod(classify_gaps)
+
+    def decode_line(self, data: bytes, strings: dict[str, str], table: EngineTable | None) -> list[Span] | None:
+        """Declines: the generic reader reads every line."""
+        return None
+
+    def new_engine_table(self) -> EngineTable | None:
+        """None: every span is a Python object."""
+        return None
