@@ -28,6 +28,7 @@ from llmtrace.analysis.intervals import Interval
 from llmtrace.analysis.model import (
     EMPTY_ATTRS,
     GAP_CAUSES,
+    HOST_CAUSE_INDEX,
     Gap,
     Link,
     PathItem,
@@ -143,7 +144,7 @@ class NativeKernels:
     ) -> list[Gap]:
         try:
             return self._module.classify_gaps(
-                engine_id, list(segs), list(forwards), list(hosts), _oracle.HOST_CAUSE_INDEX, list(extras),
+                engine_id, list(segs), list(forwards), list(hosts), HOST_CAUSE_INDEX, list(extras),
                 list(work), Gap, GAP_CAUSES,
             )
         except OverflowError:  # a time beyond int64

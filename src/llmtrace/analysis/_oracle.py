@@ -21,18 +21,19 @@ from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
-from llmtrace import semconv as sc
 from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.intervals import Interval, merge
-from llmtrace.analysis.model import GAP_CAUSES, Dominant, Gap, PathItem, PathSums, Section, Span
+from llmtrace.analysis.model import (
+    GAP_CAUSES,
+    HOST_CAUSE_INDEX,
+    Dominant,
+    Gap,
+    PathItem,
+    PathSums,
+    Section,
+    Span,
+)
 
-#: The cause index of each host span a step has (the others are ``gc``, from ``llm.gc``
-#: spans, and ``tokenize``, from the front end's ``llm.tokenize`` spans).
-HOST_CAUSE_INDEX = {
-    sc.SPAN_SCHEDULE: GAP_CAUSES.index("schedule"),
-    sc.SPAN_POSTPROCESS: GAP_CAUSES.index("postprocess"),
-    sc.SPAN_SAMPLE: GAP_CAUSES.index("sample"),
-}
 _OTHER = GAP_CAUSES.index("other")
 
 Children = Mapping[str, Sequence[Span]]

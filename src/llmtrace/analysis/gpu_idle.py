@@ -35,10 +35,18 @@ from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
 from llmtrace.analysis._kernels import KERNELS
-from llmtrace.analysis._oracle import HOST_CAUSE_INDEX
 from llmtrace.analysis.engine_table import CompiledRows
 from llmtrace.analysis.intervals import Interval, merge
-from llmtrace.analysis.model import GAP_CAUSES, EngineView, Gap, RequestView, Span, StepView, WindowView
+from llmtrace.analysis.model import (
+    GAP_CAUSES,
+    HOST_CAUSE_INDEX,
+    EngineView,
+    Gap,
+    RequestView,
+    Span,
+    StepView,
+    WindowView,
+)
 from llmtrace.analysis.stats import pcts
 
 CAUSES = GAP_CAUSES

@@ -392,6 +392,13 @@ class Section(NamedTuple):
 #: What a GPU idle gap is attributed to, in priority order (docs/analysis.md): where host
 #: activities overlap, the one earliest here wins; ``other`` is what none of them explains.
 GAP_CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
+#: The cause index of each host span a step has (the others are ``gc``, from ``llm.gc``
+#: spans, and ``tokenize``, from the front end's ``llm.tokenize`` spans).
+HOST_CAUSE_INDEX = {
+    sc.SPAN_SCHEDULE: GAP_CAUSES.index("schedule"),
+    sc.SPAN_POSTPROCESS: GAP_CAUSES.index("postprocess"),
+    sc.SPAN_SAMPLE: GAP_CAUSES.index("sample"),
+}
 
 
 class Gap(NamedTuple):
