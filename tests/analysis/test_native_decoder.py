@@ -379,3 +379,37 @@ def test_the_fast_path_reads_every_line_exactly_as_serde_does() -> None:
         taken += native.scans(line) and slow[0] != "None"
     print(f"{len(lines)} lines, {decoded} decoded, {taken} of them by the fast path")
     assert taken > decoded // 3, (decoded, taken)
+
+
+def _decoder_named(engine_spans: list[str]) -> Any:
+    import llmtrace_native
+
+    from llmtrace import semconv as sc
+    from llmtrace.analysis._kernels import STEP_KEYS
+    from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+
+    kinds, statuses = [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)]
+    return llmtrace_native.Decoder(Span, Link, kinds, statuses, EMPTY_ATTRS, engine_spans, sc.SERVICE_NAME, STEP_KEYS)
+
+
+def test_the_engine_span_names_are_the_callers_not_the_modules() -> None:
+    """The table takes the spans named as the decoder was built with (``_kernels`` passes
+    semconv's): built with other names, an ``llm.step`` span stays a Python object and the
+    span with the renamed name goes into the table."""
+    import llmtrace_native
+
+    from llmtrace.analysis._kernels import ENGINE_SPANS
+
+    decoder = _decoder_named([f"x.{name}" for name in ENGINE_SPANS])
+    table = llmtrace_native.EngineTable(decoder)
+    ours = decoder.spans_from_line(json.dumps(doc(otlp_span(name="llm.step"))).encode(), {}, table)
+    assert ours is not None and ["llm.step"] == [s.name for s in ours] and 0 == len(table)
+    renamed = decoder.spans_from_line(json.dumps(doc(otlp_span(name="x.llm.step"))).encode(), {}, table)
+    assert [] == renamed and 1 == len(table)
+
+
+def test_a_decoder_with_the_wrong_number_of_names_is_refused() -> None:
+    from llmtrace.analysis._kernels import ENGINE_SPANS
+
+    with pytest.raises(TypeError, match="need 7 engine span names and 8 step attribute keys"):
+        _decoder_named(ENGINE_SPANS[:-1])
