@@ -167,4 +167,4 @@ KERNELS: Kernels = _choose()
 #: The Python kernels, always (the reference; tests compare :data:`KERNELS` against it).
 PYTHON: Kernels = _oracle.PythonKernels()
 
-__all__ = ["KERNELS", "PYTHON", "Kernels", "NativeKernels"]
+__all__ = ["ENGINE_SPANS", "KERNELS", "PYTHON", "STEP_KEYS", "Kernels", "NativeKernels"]
