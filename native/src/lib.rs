@@ -4,15 +4,18 @@
 //! `serde_json` into borrowed Rust structs (no Python object per JSON value, unknown
 //! fields skipped), checked, and turned into the analyzer's `Span` named tuples directly.
 //!
-//! Contract (the same as the typed msgspec path, `otlp_typed.py`): a line is either
-//! converted exactly as the generic Python path converts it, or declined — `None` is
-//! returned and the caller reads the line through the Python paths, which produce the
-//! same spans, warnings and errors. So this module only accepts what it is sure of: hex
-//! ids of the exact length, decimal times that fit an `i64`, known span kinds, scalar
-//! attribute values and arrays of them. Everything else (base64 ids, `kvlistValue`,
-//! `bytesValue`, string doubles such as `"NaN"`, a value with several keys, duplicate JSON
-//! keys, malformed JSON) is
-//! declined. `tests/analysis/test_native_decoder.py` compares both paths.
+//! Contract: a line is either converted exactly as the generic Python reader
+//! (`sources/otlp.py`) converts it, or declined — `None` is returned and the caller reads
+//! the line through that reader, which produces the same spans, warnings and errors. So
+//! this module only accepts what it is sure of: hex ids of the exact length, decimal times
+//! that fit an `i64`, known span kinds, scalar attribute values and arrays of them.
+//! Everything else (base64 ids, `kvlistValue`, `bytesValue`, string doubles such as
+//! `"NaN"`, a value with several keys, duplicate JSON keys, malformed JSON) is declined.
+//! `tests/analysis/test_native_decoder.py` compares both paths.
+//!
+//! The other kernels: the engine table (`table/`), the GPU idle sweeps (`gpu_idle.rs`) and
+//! the critical-path walk (`critical_path.rs`); `analysis/_kernels.py` is the one Python
+//! module that calls any of them, and `llmtrace_native.pyi` types them all.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -30,7 +33,7 @@ use serde::{Deserialize, Deserializer};
 // The OTLP/JSON document, as far as the analyzer reads it.
 
 /// Missing field -> `None` (via `default`), present -> `Some(value)`; `null` is then an
-/// error for a non-`Option` `T`, which declines the line as msgspec's typed path does.
+/// error for a non-`Option` `T`, which declines the line.
 fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
 }
@@ -285,7 +288,8 @@ impl Owned {
 
 impl Drop for Owned {
     fn drop(&mut self) {
-        // SAFETY: `Owned` holds a non-null strong reference it owns, released once, with the GIL held (it never leaves `spans_from_line`).
+        // SAFETY: `Owned` holds a non-null strong reference it owns, released once, with the GIL
+        // held (it never leaves `spans_from_line`).
         unsafe { ffi::Py_DECREF(self.0) }
     }
 }
@@ -449,7 +453,8 @@ struct Ctx<'py, 'd, 'doc, 't> {
 impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn convert(&self, rss: &'doc [Obj<ResourceSpans<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
-        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+        // `Owned::new` checks for NULL.
         let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
         for rs in rss {
             let rattrs = match rs.resource.as_ref().and_then(|r| r.attributes.as_deref()) {
@@ -478,10 +483,13 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                             let res = match in_table {
                                 Some(r) => r,
                                 None => {
-                                    // SAFETY: `service` is a live `str` (`Ctx::service` returns one); the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token).
+                                    // SAFETY: `service` is a live `str` (`Ctx::service` returns
+                                    // one); the GIL is held (a `Ctx` lives inside
+                                    // `spans_from_line`'s `Python` token).
                                     let text = unsafe { py_text(service.0) }?;
                                     let r = t.add_resource(
-                                        // SAFETY: `service` and `resource` are live references held for the whole loop.
+                                        // SAFETY: `service` and `resource` are live references held
+                                        // for the whole loop.
                                         unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
                                         unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
                                         text,
@@ -511,14 +519,16 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn service(&self, rattrs: Option<&Owned>) -> Result<Owned, Fail> {
         if let Some(d) = rattrs {
             let key = self.decoder.service_key.as_ptr();
-            // SAFETY: `d` is a live dict and `key` the decoder's live `str`; the result is borrowed or NULL.
+            // SAFETY: `d` is a live dict and `key` the decoder's live `str`; the result is borrowed
+            // or NULL.
             let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key) };
             if !v.is_null() {
                 // SAFETY: `v` is a non-null borrowed reference from the dict, alive while `d` is.
                 if unsafe { ffi::PyUnicode_CheckExact(v) } == 0 {
                     return Err(Fail::Decline);
                 }
-                // SAFETY: `v` is live (borrowed from `d`); the new reference is the one `Owned` takes over.
+                // SAFETY: `v` is live (borrowed from `d`); the new reference is the one `Owned`
+                // takes over.
                 unsafe { ffi::Py_INCREF(v) };
                 return self.intern_object(Owned(v));
             }
@@ -553,7 +563,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         };
         let links = match sp.links.as_deref() {
             Some(raw) if !raw.is_empty() => self.links(raw)?,
-            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             _ => Owned::new(py, unsafe { ffi::PyTuple_New(0) })?,
         };
         let fields = [
@@ -565,7 +576,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             },
             self.interned(&sp.name)?,
-            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(start) })?,
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(end) })?,
             self.borrowed(d.kinds[kind].as_ptr()),
@@ -650,14 +662,16 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         if raw.iter().any(|ln| !ln.ids_ok()) {
             return Err(Fail::Decline);
         }
-        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL is checked, and every slot is filled below before the tuple is used.
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL
+        // is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t)
         })?;
         for (i, ln) in raw.iter().enumerate() {
             let fields = [self.interned(&ln.trace_id)?, self.text(&ln.span_id)?];
             let link = self.new_tuple(self.decoder.link_type.as_ptr(), fields)?;
-            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over `link`'s reference.
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over
+            // `link`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, link.into_raw()) };
         }
         Ok(tuple)
@@ -673,11 +687,12 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         Ok(Owned(obj.map_err(Fail::Py)?.into_ptr()))
     }
 
-    /// `otlp_typed._attributes`: keys interned, strings under 64 characters interned,
+    /// `otlp._attributes`: keys interned, strings under 64 characters interned,
     /// a value with no known key left out; later duplicates win, as in a dict.
     fn attributes(&self, raw: &'doc [Obj<KeyValue<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
-        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+        // `Owned::new` checks for NULL.
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {
             let v = &kv.value;
@@ -690,7 +705,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 (None, None) => continue,
             };
             let key = self.interned(&kv.key)?;
-            // SAFETY: `dict`, `key` and `value` are live; `PyDict_SetItem` takes its own references.
+            // SAFETY: `dict`, `key` and `value` are live; `PyDict_SetItem` takes its own
+            // references.
             if unsafe { ffi::PyDict_SetItem(dict.0, key.0, value.0) } != 0 {
                 return Err(Fail::Py(PyErr::fetch(py)));
             }
@@ -702,7 +718,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn array(&self, arr: &'doc ArrayValue<'doc>) -> Result<Owned, Fail> {
         let py = self.py;
         let values = arr.values.as_deref().unwrap_or_default();
-        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL is checked, and every slot is filled below before the tuple is used.
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL
+        // is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
         })?;
@@ -715,7 +732,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 // SAFETY: `Py_None` is the immortal `None` singleton; `borrowed` adds a reference.
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             };
-            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over `value`'s reference.
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over
+            // `value`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, value.into_raw()) };
         }
         Ok(tuple)
@@ -736,7 +754,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 self.text(s)?
             }
         } else if let Some(i) = &v.int {
-            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
         } else if let Some(x) = v.double {
             Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
@@ -765,7 +784,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn text(&self, s: &str) -> Result<Owned, Fail> {
-        // SAFETY: `s` is valid UTF-8 of exactly `s.len()` bytes; the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
+        // SAFETY: `s` is valid UTF-8 of exactly `s.len()` bytes; the GIL is held (a `Ctx` lives
+        // inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
         Owned::new(self.py, unsafe {
             ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t)
         })
@@ -791,7 +811,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn intern_object(&self, s: Owned) -> Result<Owned, Fail> {
-        // SAFETY: `self.strings` is the caller's interning dict (kept alive by its `Bound` for the call) and `s` a live `str`; the result is borrowed or NULL.
+        // SAFETY: `self.strings` is the caller's interning dict (kept alive by its `Bound` for the
+        // call) and `s` a live `str`; the result is borrowed or NULL.
         let kept = unsafe { ffi::PyDict_SetDefault(self.strings, s.0, s.0) };
         if kept.is_null() {
             return Err(Fail::Py(PyErr::fetch(self.py)));
@@ -829,7 +850,7 @@ unsafe fn py_text(s: *mut ffi::PyObject) -> Result<String, Fail> {
     Ok(String::from_utf8_lossy(bytes).into_owned())
 }
 
-/// The checks and fields every span shares (they mirror otlp_typed._scope_spans: where the
+/// The checks and fields every span shares (they mirror `otlp._span`: where the
 /// generic path would normalise, record a warning or raise, decline): parent id, start,
 /// end, kind index, status index.
 #[allow(clippy::type_complexity)]
