@@ -758,6 +758,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
         } else if let Some(x) = v.double {
+            // SAFETY: as above.
             Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
         } else if let Some(b) = v.boolean {
             self.boolean(b)
