@@ -491,6 +491,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                                         // SAFETY: `service` and `resource` are live references held
                                         // for the whole loop.
                                         unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
+                                        // SAFETY: as the line above.
                                         unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
                                         text,
                                     );
@@ -579,6 +580,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
             // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(start) })?,
+            // SAFETY: as the line above.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(end) })?,
             self.borrowed(d.kinds[kind].as_ptr()),
             self.borrowed(d.statuses[code].as_ptr()),
