@@ -3,7 +3,7 @@
 (``python -m mypy.stubtest llmtrace_native``)."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 __all__ = ["ABI_VERSION", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
 
@@ -11,6 +11,8 @@ __all__ = ["ABI_VERSION", "Decoder", "EngineTable", "GapSet", "classify_gaps", "
 ABI_VERSION: int
 
 _Interval = tuple[int, int]
+#: The named-tuple type a kernel is handed to build its results with (Gap, Section).
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 @final
 class Decoder:
@@ -38,9 +40,7 @@ class GapSet:
     """One engine's classified idle gaps, made into ``gap_type`` tuples when read."""
 
     def __len__(self) -> int: ...
-    def rows(
-        self, lo: int, hi: int, engine_id: str, gap_type: type[tuple[Any, ...]], causes: tuple[str, ...]
-    ) -> list[Any]: ...
+    def rows(self, lo: int, hi: int, engine_id: str, gap_type: type[_T], causes: tuple[str, ...]) -> list[_T]: ...
 
 @final
 class EngineTable:
@@ -54,7 +54,16 @@ class EngineTable:
     def materialize(self, start: int = 0, truncate: bool = False) -> list[tuple[int, Any]]: ...
     def build(
         self, python_traces: Any, domains: Sequence[int]
-    ) -> tuple[int, int, int, int, list[tuple[str, list[tuple[int, int, int | None, int | None, str]], tuple[Any, ...], int]]] | None: ...
+    ) -> (
+        tuple[
+            int,
+            int,
+            int,
+            int,
+            list[tuple[str, list[tuple[int, int, int | None, int | None, str]], tuple[Any, ...], int]],
+        ]
+        | None
+    ): ...
     def traces(self) -> list[tuple[str, tuple[Any, ...]]]: ...
     def steps(self, e: int, lo: int, hi: int) -> list[tuple[Any, ...]]: ...
     def step_runs(self, e: int) -> list[_Interval]: ...
@@ -85,12 +94,12 @@ def classify_gaps(
     host_cause: dict[str, int],
     extras: Sequence[tuple[int, int, int]],
     work: Sequence[_Interval],
-    gap_type: type[tuple[Any, ...]],
+    gap_type: type[_T],
     causes: tuple[str, ...],
-) -> list[Any]: ...
+) -> list[_T]: ...
 def critical_path(
-    children: dict[str, Any], root: Any, overlap_allowance_ns: int, section_type: type[tuple[Any, ...]]
-) -> list[Any]: ...
+    children: dict[str, Any], root: Any, overlap_allowance_ns: int, section_type: type[_T]
+) -> list[_T]: ...
 def path_totals(
     requests: list[tuple[dict[str, Any], Any, int | None, str]], overlap_allowance_ns: int
 ) -> tuple[dict[str, list[int]], dict[tuple[str, ...], int], int, dict[tuple[str, str], tuple[str, float]]]: ...

@@ -17,6 +17,10 @@
 //! the critical-path walk (`critical_path.rs`); `analysis/_kernels.py` is the one Python
 //! module that calls any of them, and `llmtrace_native.pyi` types them all.
 
+// Every `unsafe` block says why it is sound (`// SAFETY:`), and an `unsafe fn` marks each
+// unsafe operation inside it too: clippy -D warnings in CI holds both.
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -483,18 +487,16 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                             let res = match in_table {
                                 Some(r) => r,
                                 None => {
-                                    // SAFETY: `service` is a live `str` (`Ctx::service` returns
-                                    // one); the GIL is held (a `Ctx` lives inside
-                                    // `spans_from_line`'s `Python` token).
-                                    let text = unsafe { py_text(service.0) }?;
-                                    let r = t.add_resource(
-                                        // SAFETY: `service` and `resource` are live references held
-                                        // for the whole loop.
-                                        unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
-                                        // SAFETY: as the line above.
-                                        unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
-                                        text,
-                                    );
+                                    // SAFETY: `service` and `resource` are live references held
+                                    // for the whole loop, and the GIL is held (`py`).
+                                    let service =
+                                        unsafe { Bound::from_borrowed_ptr(py, service.0) };
+                                    // SAFETY: as the line above.
+                                    let resource =
+                                        unsafe { Bound::from_borrowed_ptr(py, resource) };
+                                    let text = py_text(&service)?;
+                                    let r =
+                                        t.add_resource(service.unbind(), resource.unbind(), text);
                                     in_table = Some(r);
                                     r
                                 }
@@ -839,18 +841,13 @@ fn table_scalar<A>(t: &mut table::Data, v: &AnyValue<'_, A>) -> Result<Option<ta
     }))
 }
 
-/// The text of a Python `str`.
-///
-/// # Safety
-/// `s` must be a live `str` object and the GIL held.
-unsafe fn py_text(s: *mut ffi::PyObject) -> Result<String, Fail> {
-    let mut len: ffi::Py_ssize_t = 0;
-    let p = ffi::PyUnicode_AsUTF8AndSize(s, &mut len);
-    if p.is_null() {
-        return Err(Fail::Py(PyErr::fetch(Python::assume_attached())));
-    }
-    let bytes = std::slice::from_raw_parts(p.cast::<u8>(), len as usize);
-    Ok(String::from_utf8_lossy(bytes).into_owned())
+/// The text of a Python `str` (`Ctx::service` always gives one).
+fn py_text(s: &Bound<'_, PyAny>) -> Result<String, Fail> {
+    let text = s
+        .cast::<PyString>()
+        .map_err(|e| Fail::Py(e.into()))?
+        .to_str();
+    Ok(text.map_err(Fail::Py)?.to_owned())
 }
 
 /// The checks and fields every span shares (they mirror `otlp._span`: where the

@@ -12,6 +12,7 @@ import pytest
 from llmtrace.analysis import gpu_idle
 from llmtrace.analysis._kernels import KERNELS, PYTHON
 from llmtrace.analysis.build import build_traceset
+from llmtrace.analysis.model import Gap
 from tests.analysis.builders import engine_window, random_engine
 
 pytestmark = pytest.mark.skipif(
@@ -28,7 +29,7 @@ def test_compiled_and_python_sweeps_agree(seed: int, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(gpu_idle, "KERNELS", PYTHON)
     python = gpu_idle.iter_gaps(engine, ts.requests, ts.tokenize)
     assert compiled == python
-    assert [type(g) for g in compiled[1]] == [gpu_idle.Gap] * len(python[1])
+    assert [type(g) for g in compiled[1]] == [Gap] * len(python[1])
 
 
 def test_times_beyond_int64_fall_back_to_the_python_sweeps(monkeypatch: pytest.MonkeyPatch) -> None:
