@@ -15,7 +15,8 @@
 //!
 //! The other kernels: the engine table (`table/`), the GPU idle sweeps (`gpu_idle.rs`) and
 //! the critical-path walk (`critical_path.rs`); `analysis/_kernels.py` is the one Python
-//! module that calls any of them, and `llmtrace_native.pyi` types them all.
+//! module that imports this one (the engine table's own wrapper is
+//! `analysis/engine_table.py`), and `llmtrace_native.pyi` types every export.
 
 // Every `unsafe` block says why it is sound (`// SAFETY:`), and an `unsafe fn` marks each
 // unsafe operation inside it too: clippy -D warnings in CI holds both.
