@@ -32,11 +32,12 @@ FAST_TESTS := not stack and not vllm and not browser and not slow
 test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser or the slow scenarios (markers: pyproject.toml)
 	$(PYTHON) -m pytest -q -m "$(FAST_TESTS)"
 
-lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell
+lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell; native: fmt, clippy, cargo test, stubtest
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports
 	$(VENV)/bin/codespell
+	.ci/run native-checks
 
 # scripts/stack.py needs only the standard library and Go (for the first build): no venv.
 stack-build:  ## build and cache the Go binaries of the local stack

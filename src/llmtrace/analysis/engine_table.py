@@ -3,9 +3,10 @@
 An inference server's traces are mostly its scheduler timeline — ``llm.engine`` windows,
 an ``llm.step`` per iteration, four children per step (88% of the spans of the benchmark
 set). Made into :class:`~llmtrace.analysis.model.Span` tuples with attribute dicts and
-link tuples they alone cost more than the analysis budget (docs/perf-log.md). When a read is given an :class:`EngineTable` and ``llmtrace-native`` is in use,
-the decoder keeps spans with those names as columns in it instead (native/src/table/),
-losing nothing: any of them can still become the same ``Span``.
+link tuples they alone cost more than the analysis budget (docs/perf-log.md). When a
+read is given an :class:`EngineTable` and ``llmtrace-native`` is in use, the decoder keeps
+spans with those names as columns in it instead (native/src/table/), losing nothing: any
+of them can still become the same ``Span``.
 
 :func:`build_compiled` then builds the trace set with those engines *compiled*: an
 :class:`~llmtrace.analysis.model.EngineView` whose ``steps`` are made into Python objects
