@@ -98,7 +98,12 @@ class NativeKernels:
     def __init__(self) -> None:
         import llmtrace_native  # typed by native/llmtrace_native.pyi
 
-        self._module = llmtrace_native
+        # Bound one by one (not the module object, which mypy types as a plain ModuleType)
+        # so that every call below is checked against the stub.
+        self._new_table = llmtrace_native.EngineTable
+        self._critical_path = llmtrace_native.critical_path
+        self._path_totals = llmtrace_native.path_totals
+        self._classify_gaps = llmtrace_native.classify_gaps
         #: The compiled OTLP line decoder (tests read lines with it directly).
         self.decoder = llmtrace_native.Decoder(
             Span,
@@ -118,18 +123,18 @@ class NativeKernels:
         return self.decoder.spans_from_line(data, strings, table.native)
 
     def new_engine_table(self) -> EngineTable | None:
-        return EngineTable(self._module.EngineTable(self.decoder))
+        return EngineTable(self._new_table(self.decoder))
 
     def critical_path(self, children: Children, root: Span, overlap_allowance_ns: int) -> list[Section]:
         try:
-            return self._module.critical_path(_as_dict(children), root, overlap_allowance_ns, Section)
+            return self._critical_path(_as_dict(children), root, overlap_allowance_ns, Section)
         except OverflowError:  # a time beyond int64
             return self._python.critical_path(children, root, overlap_allowance_ns)
 
     def path_totals(self, items: Sequence[PathItem], overlap_allowance_ns: int) -> PathSums:
         compiled_items = [(_as_dict(children), root, ttft, sid) for children, root, ttft, sid in items]
         try:
-            return PathSums(*self._module.path_totals(compiled_items, overlap_allowance_ns))
+            return PathSums(*self._path_totals(compiled_items, overlap_allowance_ns))
         except OverflowError:  # a time beyond int64
             return self._python.path_totals(items, overlap_allowance_ns)
 
@@ -143,7 +148,7 @@ class NativeKernels:
         work: Sequence[Interval],
     ) -> list[Gap]:
         try:
-            return self._module.classify_gaps(
+            return self._classify_gaps(
                 engine_id, list(segs), list(forwards), list(hosts), HOST_CAUSE_INDEX, list(extras),
                 list(work), Gap, GAP_CAUSES,
             )
