@@ -477,7 +477,7 @@ mod tests {
         let text = r#"{"x": [1, {"y": -0.5e-3}, "z", null, true], "resourceSpans": []}"#;
         assert_eq!(spans(text), Some(0));
         assert!(export(r#"{"x": [1,, 2], "resourceSpans": []}"#).is_none());
-        assert!(export(r#"{"x": tru, "resourceSpans": []}"#).is_none());
+        assert!(export(r#"{"x": tr, "resourceSpans": []}"#).is_none());
     }
 
     #[test]
