@@ -3,7 +3,7 @@
 (``python -m mypy.stubtest llmtrace_native``)."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 __all__ = ["ABI_VERSION", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
 
@@ -13,16 +13,18 @@ ABI_VERSION: int
 _Interval = tuple[int, int]
 #: The named-tuple type a kernel is handed to build its results with (Gap, Section).
 _T = TypeVar("_T", bound=tuple[Any, ...])
+#: The span named tuple a decoder makes.
+_S = TypeVar("_S", bound=tuple[Any, ...])
 
 @final
-class Decoder:
+class Decoder(Generic[_S]):
     """OTLP/JSON lines into ``Span`` tuples (``kinds[i]``: ``SpanKind(i)``, ``statuses[i]``:
     ``StatusCode(i)``; ``engine_spans``: the 7 names an engine table keeps, by name code;
     ``step_keys``: the 8 step attributes it reads)."""
 
     def __new__(
         cls,
-        span_type: type[tuple[Any, ...]],
+        span_type: type[_S],
         link_type: type[tuple[Any, ...]],
         kinds: Sequence[Any],
         statuses: Sequence[Any],
@@ -30,10 +32,10 @@ class Decoder:
         engine_spans: Sequence[str],
         service_key: str,
         step_keys: Sequence[str],
-    ) -> Decoder: ...
+    ) -> Decoder[_S]: ...
     def spans_from_line(
         self, data: bytes, strings: dict[str, str], table: EngineTable | None = None, scan: bool = True
-    ) -> list[Any] | None: ...
+    ) -> list[_S] | None: ...
 
 @final
 class GapSet:
@@ -47,7 +49,7 @@ class EngineTable:
     """Engine-side spans kept as columns (``llmtrace.analysis.engine_table``)."""
 
     python_seen: int
-    def __new__(cls, decoder: Decoder) -> EngineTable: ...
+    def __new__(cls, decoder: Decoder[Any]) -> EngineTable: ...
     def __len__(self) -> int: ...
     def nbytes(self) -> int: ...
     def resources(self) -> list[tuple[str, Mapping[str, Any]]]: ...
