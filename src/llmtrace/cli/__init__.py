@@ -1,4 +1,4 @@
-"""``llmtrace`` command line: analyze, compare, demo, doctor.
+"""``llmtrace`` command line: analyze, compare, export, demo, doctor.
 
 A thin layer over :mod:`llmtrace.analysis` (and the demo/doctor modules, imported only
 when their subcommand runs). Any error a user can cause — a missing file, malformed JSON,
@@ -28,6 +28,8 @@ examples:
   llmtrace analyze http://localhost:16686 --service vllm --since 15m --html report.html
   llmtrace analyze traces.jsonl --json summary.json         # versioned JSON for CI / compare
   llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
+  llmtrace compare traces.jsonl --where 'ttft>p95'          # what the slowest 5% have in common
+  llmtrace export traces.jsonl --format perfetto -o t.json  # timeline for ui.perfetto.dev
   llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
   llmtrace doctor                                           # NVML, where spans go, integrations
 """
@@ -132,6 +134,50 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument("--anomalies", type=_NON_NEGATIVE_INT, default=5, metavar="N", help="anomalies shown in the report")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars, no report (files only)")
     p.set_defaults(func=_lazy("llmtrace.cli._analyze", "run_analyze"))
+
+
+_EXPORT_EPILOG = """\
+SOURCE is one trace file (same forms as `analyze`: OTLP JSON lines, an OTLP/JSON
+document, a saved Jaeger response, .gz, "-" for stdin) or a Jaeger URL.
+
+The output is Chrome Trace Event JSON; open it in https://ui.perfetto.dev or
+chrome://tracing. One process per exporting service/process with a track per engine
+(llm.step with its schedule/forward/sample/postprocess, llm.gc) and one for its
+llm.engine windows; a process "llm requests" with a track per request (llm.request with
+tokenize/queue/prefill/decode); flow arrows between each request and the steps that
+served it (the steps' span links); counters per engine for running/waiting requests and
+KV-cache usage, and per GPU for utilization, memory and power (from hw.gpu.* attributes).
+Spans are written as they are read: memory stays bounded whatever the input's size.
+
+examples:
+  llmtrace export llmtrace-traces.jsonl.gz --format perfetto -o trace.json
+  llmtrace export http://jaeger:16686 --service vllm --since 10m -o trace.json
+  llmtrace export big.jsonl --no-args -o trace.json          # smaller file, ~2x faster
+
+exit codes: 0 ok, 2 bad input (unreadable source, malformed data, no spans)
+"""
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="convert traces to a Perfetto / chrome://tracing timeline",
+        epilog=_EXPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a trace source as a timeline: engines, steps, requests, flows and counters.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="trace file or a Jaeger URL")
+    p.add_argument("--format", choices=("perfetto",), default="perfetto",
+                   help="perfetto: Chrome Trace Event JSON, read by Perfetto and chrome://tracing (default)")
+    p.add_argument("-o", "--output", metavar="PATH", required=True, help='file to write ("-" for stdout)')
+    p.add_argument("--no-args", action="store_true", help="leave span attributes out of the slices")
+    p.add_argument("--service", action="append", metavar="NAME", help="Jaeger: only this service (repeatable)")
+    p.add_argument("--since", metavar="TIME", help="Jaeger: window start (15m, 2h, RFC 3339, Unix seconds)")
+    p.add_argument("--until", metavar="TIME", help="Jaeger: window end (default: now)")
+    p.add_argument("--limit", type=_POSITIVE_INT, default=1000, metavar="N", help="Jaeger: traces per query")
+    p.add_argument("--api", choices=("auto", "v3", "legacy"), default="auto", help="Jaeger API (default auto)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary line")
+    p.set_defaults(func=_lazy("llmtrace.cli._export", "run_export"))
 
 
 def _add_compare(sub: Any) -> None:
@@ -242,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_analyze(sub)
     _add_compare(sub)
+    _add_export(sub)
     _add_demo(sub)
     _add_doctor(sub)
     return parser
