@@ -6,6 +6,7 @@ Spans stream from the source to the output (bounded memory, whatever the input's
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator
 
@@ -82,8 +83,12 @@ def run_export(args: argparse.Namespace) -> int:
                 fh = open(args.output, "w", encoding="utf-8")
             except OSError as exc:
                 raise LLMTraceError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-            with fh:
-                stats = write_chrome_trace(batches, fh, args=not args.no_args, source=src)
+            try:
+                with fh:
+                    stats = write_chrome_trace(batches, fh, args=not args.no_args, source=src)
+            except BaseException:
+                os.remove(args.output)  # a half-written document is no timeline
+                raise
     finally:
         bar.close()
     for w in warnings:

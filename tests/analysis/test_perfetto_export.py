@@ -1,0 +1,156 @@
+"""``llmtrace export --format perfetto``: the real Perfetto trace processor reads the output
+back, and its slices, flows and counters are the source's spans, links and measurements.
+
+The trace processor is Perfetto's own C++ one, its WebAssembly build (what ui.perfetto.dev
+runs), queried through the `perfetto` package's client: tests/helpers/perfetto_tp.py says
+where it comes from. Not a double: the same parser the UI loads the file with.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llmtrace import semconv as sc
+from llmtrace.analysis.synthetic import SimConfig, simulate
+from llmtrace.cli import main
+from tests.helpers import perfetto_tp
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _trace_processor_present() -> None:
+    reason = perfetto_tp.missing()
+    assert reason is None, reason
+
+
+def _gpu(doc: dict[str, Any], device: str) -> dict[str, Any]:
+    """Put NVML-style GPU attributes on every llm.forward, as the sampler does."""
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                if sp["name"] == sc.SPAN_FORWARD:
+                    sp.setdefault("attributes", []).extend(
+                        [
+                            {"key": sc.HW_GPU_ID, "value": {"stringValue": device}},
+                            {"key": sc.HW_GPU_UTILIZATION, "value": {"doubleValue": 0.75}},
+                            {"key": sc.HW_GPU_MEMORY_USAGE, "value": {"intValue": str(8 * 1024**3)}},
+                            {"key": sc.HW_GPU_POWER, "value": {"doubleValue": 310.0}},
+                        ]
+                    )
+    return doc
+
+
+def _write(path: Path, docs: list[dict[str, Any]]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        for doc in docs:
+            fh.write(json.dumps(doc) + "\n")
+
+
+def _source(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the source holds: spans per name, (step, request) links, GPU-attributed spans."""
+    names: Counter[str] = Counter()
+    links: set[tuple[str, str]] = set()
+    gpu = 0
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for sp in ss["spans"]:
+                    names[sp["name"]] += 1
+                    links |= {(sp["spanId"], link["spanId"]) for link in sp.get("links", ())}
+                    gpu += any(a["key"] == sc.HW_GPU_UTILIZATION for a in sp.get("attributes", ()))
+    return {"names": names, "links": links, "gpu": gpu}
+
+
+def _two_services() -> list[dict[str, Any]]:
+    """Two processes, two engines: one with GPU attributes on its forwards."""
+    a = list(simulate(SimConfig(duration_s=2, arrival_rate=12, seed=5, service="api-a", engine_id="dp0")))
+    b = [_gpu(d, "0") for d in simulate(SimConfig(duration_s=2, arrival_rate=12, seed=6, service="api-b", engine_id="dp1"))]
+    return a + b
+
+
+_FLOW_PAIRS = """
+select extract_arg(si.arg_set_id, 'args.span_id') as step,
+       (select extract_arg(r.arg_set_id, 'args.span_id') from slice r
+        where r.track_id = so.track_id and r.name = 'llm.request') as request,
+       si.name as step_name
+from flow f join slice so on so.id = f.slice_out join slice si on si.id = f.slice_in
+"""
+
+
+def _export(tmp_path: Path, docs: list[dict[str, Any]], *extra: str) -> Path:
+    src, out = tmp_path / "src.jsonl.gz", tmp_path / "trace.json"
+    _write(src, docs)
+    assert 0 == main(["export", str(src), "--format", "perfetto", "-o", str(out), "-q", *extra])
+    return out
+
+
+def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) -> None:
+    """Slice counts per name equal the source's spans; each flow joins a step and a request
+    it linked, every link once; GPU and queue counters are there; the parser logs no error."""
+    docs = _two_services()
+    want = _source(docs)
+    with perfetto_tp.trace_processor(_export(tmp_path, docs)) as tp:
+        got_names = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
+        pairs = [(r.step, r.request, r.step_name) for r in tp.query(_FLOW_PAIRS)]
+        counters = {r.name: r.n for r in tp.query(
+            "select t.name as name, count(*) as n from counter c join counter_track t on c.track_id = t.id group by t.name")}
+        threads = {r.name for r in tp.query("select name from thread where name is not null")}
+        processes = {r.name for r in tp.query("select name from process where name is not null")}
+        errors = [(r.name, r.value) for r in tp.query(
+            "select name, value from stats where severity in ('error', 'data_loss') and value > 0")]
+    assert want["names"] == got_names
+    assert want["links"] == {(step, req) for step, req, _ in pairs}
+    assert len(want["links"]) == len(pairs)
+    assert {sc.SPAN_STEP} == {name for _, _, name in pairs}
+    assert want["gpu"] == counters["gpu 0 utilization %"] == counters["gpu 0 power W"] == counters["gpu 0 memory GiB"]
+    assert want["names"][sc.SPAN_STEP] == counters["dp0 queue running"] + counters["dp1 queue running"]
+    assert {"engine dp0", "engine dp1", "engine dp0 windows", "engine dp1 windows"} <= threads
+    assert {"api-a", "api-b", "llm requests"} <= processes
+    assert [] == errors
+
+
+def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Path) -> None:
+    """Spans in reverse order (every child before its parent, as an exporter batch ends
+    them) land on the same tracks: same slices and flows, and no nesting error."""
+    docs = _two_services()
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ss["spans"].reverse()
+    docs.reverse()
+    want = _source(docs)
+    with perfetto_tp.trace_processor(_export(tmp_path, docs, "--no-args")) as tp:
+        got = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
+        flows = next(iter(tp.query("select count(*) as n from flow"))).n
+        nested_steps = next(iter(tp.query(
+            "select count(*) as n from slice c join slice p on c.parent_id = p.id "
+            "where c.name = 'llm.schedule' and p.name = 'llm.step'"))).n
+        errors = [r.name for r in tp.query("select name from stats where severity in ('error', 'data_loss') and value > 0")]
+    assert want["names"] == got
+    assert len(want["links"]) == flows
+    assert want["names"][sc.SPAN_SCHEDULE] == nested_steps
+    assert [] == errors
+
+
+def test_export_of_a_missing_file_is_one_line_and_leaves_no_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bad input: exit 2, one error line naming the file, no half-written output."""
+    out = tmp_path / "t.json"
+    assert 2 == main(["export", str(tmp_path / "nope.jsonl"), "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert 1 == len(err) and "nope.jsonl" in err[0]
+    assert not out.exists()
+
+
+def test_export_without_spans_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty source is an error (exit 2), not a silently empty timeline."""
+    src = tmp_path / "empty.jsonl"
+    src.write_text("")
+    assert 2 == main(["export", str(src), "-o", str(tmp_path / "t.json")])
+    assert "no spans" in capsys.readouterr().err
