@@ -106,7 +106,6 @@ class ChromeTraceWriter:
         self._out = out
         self._args = args
         self._source = source
-        self._first = True
         self._processes: dict[tuple[str, str, str], int] = {}
         self._engines: dict[tuple[int, str, bool], int] = {}
         self._named_tracks: OrderedDict[tuple[int, int], None] = OrderedDict()
@@ -118,20 +117,20 @@ class ChromeTraceWriter:
         self._last_pid = 0
         self._origin: int | None = None
         self.spans = self.slices = self.flows = self.counters = self.unparented = 0
-        out.write('{"traceEvents":[\n')
-        self._event(
-            f'{{"ph":"M","name":"process_name","pid":{REQUESTS_PID},"tid":0,'
-            f'"args":{{"name":"{_REQUESTS_NAME}"}}}}'
+        # Events are collected per batch and written with one call; every event after the
+        # first (written here) is prefixed with its separator, so there is no "first?" test.
+        self._buf: list[str] = []
+        self._event = self._buf.append
+        out.write(
+            '{"traceEvents":[\n'
+            f'{{"ph":"M","name":"process_name","pid":{REQUESTS_PID},"tid":0,"args":{{"name":"{_REQUESTS_NAME}"}}}}'
         )
-        self._event(f'{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}')
+        self._event(f',\n{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}')
 
     # ------------------------------------------------------------------ output
-    def _event(self, text: str) -> None:
-        if self._first:
-            self._first = False
-            self._out.write(text)
-        else:
-            self._out.write(",\n" + text)
+    def _flush(self) -> None:
+        self._out.write("".join(self._buf))
+        self._buf.clear()
 
     def _ts(self, ns: int) -> str:
         """A timestamp relative to :attr:`origin_ns`. Readers parse ``ts`` as a double:
@@ -140,7 +139,10 @@ class ChromeTraceWriter:
         origin = self._origin
         if origin is None:
             origin = self._origin = (ns // 1_000_000_000 - ORIGIN_LEAD_S) * 1_000_000_000
-        return _us(ns - origin)
+        d = ns - origin
+        if d < 0:
+            return _us(d)
+        return f"{d // 1000}.{d % 1000:03d}"
 
     def _quoted(self, name: str) -> str:
         q = self._names.get(name)
@@ -157,10 +159,10 @@ class ChromeTraceWriter:
         self._named_tracks[key] = None
         if len(self._named_tracks) > RECENT_PARENTS:
             self._named_tracks.popitem(last=False)  # named again if it recurs: harmless
-        self._event(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{json.dumps(name)}}}}}')
+        self._event(f',\n{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{json.dumps(name)}}}}}')
         if sort_index is not None:
             self._event(
-                f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":{sort_index}}}}}'
+                f',\n{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":{sort_index}}}}}'
             )
 
     def _slice(self, span: Span, pid: int, tid: int) -> None:
@@ -168,7 +170,7 @@ class ChromeTraceWriter:
         if dur < 0:
             dur = 0
         head = (
-            f'{{"ph":"X","name":{self._quoted(span.name)},"cat":"llmtrace","ts":{self._ts(span.start_ns)},'
+            f',\n{{"ph":"X","name":{self._quoted(span.name)},"cat":"llmtrace","ts":{self._ts(span.start_ns)},'
             f'"dur":{_us(dur)},"pid":{pid},"tid":{tid}'
         )
         if self._args:
@@ -196,7 +198,7 @@ class ChromeTraceWriter:
                 label += f" [{role}]"
             if proc is not None:
                 label += f" (pid {proc})"
-            self._event(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{json.dumps(label)}}}}}')
+            self._event(f',\n{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{json.dumps(label)}}}}}')
         self._last_resource, self._last_pid = resource, pid
         return pid
 
@@ -232,9 +234,13 @@ class ChromeTraceWriter:
     # ------------------------------------------------------------------ spans
     def add(self, spans: Iterable[Span]) -> None:
         """Write ``spans`` (any order; a child may come before its parent)."""
+        n = self.spans
+        add = self._add
         for span in spans:
-            self.spans += 1
-            self._add(span)
+            n += 1
+            add(span)
+        self.spans = n
+        self._flush()
 
     def _add(self, span: Span) -> None:
         name = span.name
@@ -314,16 +320,17 @@ class ChromeTraceWriter:
         # request's track just before the step (the request, in this step's batch, is open
         # then: it binds to the phase it was in), the end on the engine track just before
         # the step begins (it binds to the step, never to a child starting with it).
-        start = self._ts(step.start_ns - 2)
-        end = self._ts(step.start_ns - 1)
+        start = f'","ts":{self._ts(step.start_ns - 2)},"pid":{REQUESTS_PID},"tid":'
+        end = f'","ts":{self._ts(step.start_ns - 1)},"pid":{pid},"tid":{tid}}}'
+        event = self._event
+        fid = self.flows
         for link in step.links:
-            self.flows += 1
-            fid = f"{self.flows:#x}"
-            self._event(
-                f'{{"ph":"s","name":"batch","cat":"llmtrace","id":"{fid}","ts":{start},'
-                f'"pid":{REQUESTS_PID},"tid":{track_id(link.span_id)}}}'
+            fid += 1
+            event(
+                f',\n{{"ph":"s","name":"batch","cat":"llmtrace","id":"{fid:x}{start}{track_id(link.span_id)}}}'
+                f',\n{{"ph":"f","name":"batch","cat":"llmtrace","id":"{fid:x}{end}'
             )
-            self._event(f'{{"ph":"f","name":"batch","cat":"llmtrace","id":"{fid}","ts":{end},"pid":{pid},"tid":{tid}}}')
+        self.flows = fid
 
     def _gpu_counter(self, span: Span, pid: int) -> None:
         attrs = span.attributes
@@ -343,7 +350,7 @@ class ChromeTraceWriter:
 
     def _counter(self, name: str, ts: str, pid: int, values: Mapping[str, float]) -> None:
         self.counters += 1
-        self._event(f'{{"ph":"C","name":"{name}","ts":{ts},"pid":{pid},"args":{_dumps(dict(values))}}}')
+        self._event(f',\n{{"ph":"C","name":"{name}","ts":{ts},"pid":{pid},"args":{_dumps(dict(values))}}}')
 
     # ------------------------------------------------------------------ end
     def close(self) -> ExportStats:
@@ -352,6 +359,7 @@ class ChromeTraceWriter:
             _, waiting = self._pending.popitem(last=False)
             self._orphans(waiting)
         self._pending_count = 0
+        self._flush()
         other = {"exporter": "llmtrace", "source": self._source, "time_origin_unix_ns": self._origin or 0}
         self._out.write(f'\n],"otherData":{_dumps(other)}}}\n')
         return ExportStats(

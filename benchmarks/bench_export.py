@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""``llmtrace export --format perfetto`` throughput and memory (target: >= 200k spans/s,
+memory bounded independent of input size).
+
+    python benchmarks/bench_export.py                       # 250k and 1M spans
+    python benchmarks/bench_export.py --spans 100000 400000 # other sizes
+    python benchmarks/bench_export.py --json                # one JSON line per size
+
+Each size is the simulated server of ``llmtrace.analysis.synthetic`` written as OTLP JSON
+lines (generated once, cached in the temp dir). Each export runs in a fresh subprocess
+(``python -m llmtrace.cli export``) so that its peak RSS (``ru_maxrss`` of the child) is
+its own; throughput is the child's CPU time (user + system), i.e. one core, for read +
+decode + write. Bounded memory shows as the same peak RSS at every size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+
+from llmtrace.analysis.synthetic import SimConfig, write_jsonl
+
+_SPANS_PER_SIM_S = 1030  # the simulation's spans per simulated second at its default load
+
+
+def dataset(spans: int, directory: str) -> tuple[str, int]:
+    duration = max(1.0, spans / _SPANS_PER_SIM_S)
+    path = os.path.join(directory, f"llmtrace-bench-{int(duration)}s.jsonl")
+    count_path = path + ".count"
+    if not (os.path.exists(path) and os.path.exists(count_path)):
+        n = write_jsonl(path, SimConfig(duration_s=duration, arrival_rate=20, seed=11))
+        with open(count_path, "w") as fh:
+            fh.write(str(n))
+    with open(count_path) as fh:
+        return path, int(fh.read())
+
+
+def run(path: str, out: str, extra: list[str]) -> tuple[float, int]:
+    """CPU seconds and peak RSS (bytes) of one export in a child process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cmd = [sys.executable, "-m", "llmtrace.cli", "export", path, "-o", out, "-q", *extra]
+    proc = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    if status != 0:
+        raise SystemExit(f"export failed: {cmd}")
+    del before
+    return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--spans", type=int, nargs="+", default=[250_000, 1_000_000])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="best of N runs per size")
+    opts = ap.parse_args()
+    tmp = tempfile.gettempdir()
+    for size in opts.spans:
+        path, n = dataset(size, tmp)
+        out = os.path.join(tmp, "llmtrace-bench-export.json")
+        for label, extra in (("args", []), ("no-args", ["--no-args"])):
+            runs = [run(path, out, extra) for _ in range(opts.repeat)]
+            cpu = min(r[0] for r in runs)
+            rss = min(r[1] for r in runs)
+            row = {
+                "spans": n,
+                "mode": label,
+                "cpu_s": round(cpu, 3),
+                "spans_per_s": round(n / cpu),
+                "peak_rss_mib": round(rss / 2**20, 1),
+                "output_mib": round(os.path.getsize(out) / 2**20, 1),
+                "input_mib": round(os.path.getsize(path) / 2**20, 1),
+            }
+            print(json.dumps(row) if opts.json else
+                  f"{n:>9} spans  {label:<8} {row['spans_per_s']:>9,} spans/s  peak RSS {row['peak_rss_mib']:>7} MiB  "
+                  f"in {row['input_mib']} MiB -> out {row['output_mib']} MiB")
+        os.remove(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
