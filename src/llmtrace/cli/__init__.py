@@ -51,18 +51,35 @@ exit codes: 0 ok, 2 bad input (unreadable source, malformed data, no spans)
 """
 
 _COMPARE_EPILOG = """\
-BASE and CURRENT are JSON summaries written by `llmtrace analyze --json`, or trace
-sources (analysed on the fly, same forms as `analyze`).
+Two modes.
 
-A latency metric regresses when it is worse by more than --threshold and a one-sided
-Mann-Whitney U test on the per-request samples gives p < --alpha. GPU idle ratio
-regresses when it grows by more than 5 points.
+Regression gate: `compare BASE CURRENT`. BASE and CURRENT are JSON summaries written by
+`llmtrace analyze --json`, or trace sources (analysed on the fly, same forms as
+`analyze`). A latency metric regresses when it is worse by more than --threshold and a
+one-sided Mann-Whitney U test on the per-request samples gives p < --alpha. GPU idle
+ratio regresses when it grows by more than 5 points.
+
+Cohorts: `compare SOURCE... --where SELECTION [--where OTHER]`. The requests of the
+trace source(s) (read together) are split into the selection and the rest (or OTHER),
+and every attribute value — prompt-length bucket, cached share of the prompt, preempted,
+batch size and waiting count at arrival, engine, model, LoRA, service — is ranked by how
+over-represented it is in the selection (effect: share among the selected minus share
+among the others, in points; lift: their ratio), followed by a structural diff of the
+two cohorts (phases and engine steps per request: added, removed, longer, shorter).
+
+SELECTION is clauses joined by "and": FIELD OP VALUE, OP one of > >= < <= = !=.
+  numeric: ttft e2e queue tpot (seconds; 250ms, 2s, or a percentile p95),
+           input_tokens output_tokens, start (+60s from the first arrival, or Unix seconds)
+  text:    service model engine lora trace request finish   (= and != only)
 
 examples:
   llmtrace compare main.json pr.json
   llmtrace compare main.json traces.jsonl.gz --threshold 0.05 --json delta.json
+  llmtrace compare traces.jsonl --where 'ttft>p95'                    # slowest 5% vs the rest
+  llmtrace compare traces.jsonl --where 'start<+60s' --where 'start>=+60s'   # two windows
+  llmtrace compare a.jsonl b.jsonl --where service=api-a --where service=api-b --html c.html
 
-exit codes: 0 no regression, 1 regression, 2 bad input
+exit codes: 0 no regression (cohorts: done), 1 regression, 2 bad input or selection
 """
 
 
@@ -186,10 +203,13 @@ def _add_compare(sub: Any) -> None:
         help="compare two runs; exit 1 on regression (CI gate)",
         epilog=_COMPARE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Per-metric deltas with a significance test.",
+        description="Per-metric deltas with a significance test, or what explains a cohort of requests.",
     )
-    p.add_argument("base", metavar="BASE")
-    p.add_argument("current", metavar="CURRENT")
+    p.add_argument("base", metavar="BASE", help="baseline summary or trace source (cohorts: a trace source)")
+    p.add_argument("current", metavar="CURRENT", nargs="?", help="current summary or trace source")
+    p.add_argument("--where", action="append", metavar="SELECTION",
+                   help="cohort mode: the requests to explain; a second --where is the cohort to compare against")
+    p.add_argument("--html", metavar="PATH", help="cohort mode: write the comparison as a self-contained HTML page")
     p.add_argument(
         "--threshold", type=_number(float, at_least=0.0), default=0.10,
         help="relative worsening that fails (default 0.10)",
