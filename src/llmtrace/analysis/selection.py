@@ -36,7 +36,7 @@ class SelectionError(AnalysisError):
 _NUMERIC = ("ttft", "e2e", "queue", "tpot", "input_tokens", "output_tokens", "start")
 _TEXT = ("service", "model", "engine", "lora", "trace", "request", "finish")
 _DURATIONS = ("ttft", "e2e", "queue", "tpot")
-_CLAUSE = re.compile(r"^\s*([a-z_]+)\s*(>=|<=|!=|=|>|<)\s*(\S.*?)\s*$")
+_CLAUSE = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|!=|=|>|<)\s*(\S.*?)\s*$")
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 _NUMBER = re.compile(r"^([+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(us|ms|s|m)?$", re.IGNORECASE)
 _PERCENTILE = re.compile(r"^p(\d+(?:\.\d+)?)$")

@@ -1,0 +1,192 @@
+"""Cohort comparison (``compare --where``): the selection syntax, the attribute ranking and
+the structural diff, through the library and the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from llmtrace import semconv as sc
+from llmtrace.analysis.build import build_traceset
+from llmtrace.analysis.cohort import CohortComparison, compare_cohorts
+from llmtrace.analysis.model import Link, Span
+from llmtrace.analysis.selection import SelectionError, parse_selection, resolve
+from llmtrace.cli import main
+from tests.analysis.builders import engine_window, request_trace, span
+from tests.analysis.test_engine_table import write_spans
+
+SLOW = 12
+REQUESTS = 60
+
+
+def _fleet(*, cached: bool = True, seed: int = 3) -> list[Span]:
+    """60 requests, one every 50 ms, served by one engine. Exactly the 12 requests on LoRA
+    adapter "b" are slow (500 ms prefill, and a detokenize phase the others lack); prompt
+    length, model and cached share are drawn at random for every request, so none of them
+    tells the slow ones apart. ``cached=False``: no request carries a cached-token count."""
+    rng = random.Random(seed)
+    slow = set(rng.sample(range(REQUESTS), SLOW))
+    spans: list[Span] = []
+    lifetimes: list[tuple[float, float, str]] = []
+    for i in range(REQUESTS):
+        is_slow = i in slow
+        n_in = rng.choice([100, 300, 700, 1500])
+        attrs: dict[str, object] = {
+            sc.GEN_AI_REQUEST_MODEL: rng.choice(["m-small", "m-large"]),
+            sc.GEN_AI_REQUEST_LORA: "b" if is_slow else "a",
+            sc.LLM_PREEMPTIONS: 0,
+        }
+        if cached and rng.random() < 0.5:  # half report it: absence is not "0%"
+            attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rng.choice([0, n_in // 2, n_in])
+        trace = f"{i + 1:032x}"
+        start, prefill = i * 50.0, 500.0 if is_slow else 10.0
+        req = request_trace(trace, start, 1.0, 2.0, prefill, 40.0, input_tokens=n_in, attrs=attrs)
+        if is_slow:
+            req.append(span(sc.SPAN_DETOKENIZE, start + 543.0, start + 545.0, parent=req[0]))
+        spans += req
+        lifetimes.append((start, start + 543.0 + (2.0 if is_slow else 0.0), req[0].span_id))
+    steps = [(t, t + 1.0, t + 8.0, t + 10.0) for t in range(0, REQUESTS * 50 + 600, 10)]
+    window = engine_window("dp0", [tuple(map(float, s)) for s in steps])  # type: ignore[misc]
+    linked = []
+    for sp in window:
+        if sp.name == sc.SPAN_STEP:
+            t = (sp.start_ns - window[0].start_ns) / 1e6
+            links = tuple(Link(f"{i + 1:032x}", rid) for i, (a, b, rid) in enumerate(lifetimes) if a <= t <= b)
+            batch = {sc.LLM_BATCH_SIZE: len(links), sc.LLM_QUEUE_WAITING: 0}
+            sp = sp._replace(links=links, attributes={**sp.attributes, **batch})
+        linked.append(sp)
+    return spans + linked
+
+
+def _compare(spans: list[Span], where: str, other: str | None = None) -> CohortComparison:
+    ts = build_traceset(spans)
+    return compare_cohorts(ts, parse_selection(where), parse_selection(other) if other else None)
+
+
+def test_the_attribute_that_fully_explains_the_slow_cohort_ranks_first() -> None:
+    """The slowest 20% by TTFT are exactly the LoRA-b requests: lora=b ranks first, with
+    every selected request and no other (effect 100 points), above chance associations."""
+    result = _compare(_fleet(), "ttft>p80")
+    top = result.factors[0]
+    assert (SLOW, REQUESTS - SLOW) == (result.selected, result.other_count)
+    assert ("lora", "b", SLOW, 0, 1.0, None) == (top.feature, top.value, top.selected, top.other, top.effect, top.lift)
+    assert all(f.effect < 1.0 for f in result.factors[1:])
+    assert "cached" not in result.absent and {"cached"} & {f.feature for f in result.factors}
+
+
+def test_a_missing_cached_token_attribute_is_absent_not_zero() -> None:
+    """Without any cached-token attribute the feature is reported absent, never "0%"."""
+    result = _compare(_fleet(cached=False), "ttft>p80")
+    assert "cached" in result.absent
+    assert not [f for f in result.factors if f.feature == "cached"]
+    assert ("lora", "b") == (result.factors[0].feature, result.factors[0].value)
+
+
+def test_structural_diff_names_the_added_phase_and_the_longer_one() -> None:
+    """The slow cohort has a detokenize phase the others lack and a 50x longer prefill."""
+    changes = {d.name: d.change for d in _compare(_fleet(), "lora=b").structure}
+    assert "added" == changes[sc.SPAN_DETOKENIZE]
+    assert "longer" == changes[sc.SPAN_PREFILL]
+    assert "same" == changes[sc.SPAN_TOKENIZE]
+
+
+def test_two_explicit_cohorts_and_two_time_windows() -> None:
+    """Two --where cohorts need not cover every request; time windows split by arrival."""
+    spans = _fleet()
+    early = _compare(spans, "start<+1s", "start>=+2s")
+    assert (20, 20) == (early.selected, early.other_count)  # one arrival every 50 ms
+    assert "start>=+2s" == early.other
+
+
+@pytest.mark.parametrize(
+    ("text", "fields"),
+    [
+        ("ttft>p95", [("ttft", ">", "p95")]),
+        ("e2e >= 2s and service=api", [("e2e", ">=", "2s"), ("service", "=", "api")]),
+        ("start>=+30s AND start<+60s", [("start", ">=", "+30s"), ("start", "<", "+60s")]),
+        ("input_tokens<=512", [("input_tokens", "<=", "512")]),
+        ("model!=m-small", [("model", "!=", "m-small")]),
+    ],
+)
+def test_selection_syntax(text: str, fields: list[tuple[str, str, str]]) -> None:
+    """FIELD OP VALUE clauses joined by "and" (any case), spaces allowed around OP."""
+    assert fields == [(c.field, c.op, c.value) for c in parse_selection(text).clauses]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "empty --where selection"),
+        ("ttft", "is not FIELD OP VALUE"),
+        ("latency>2s", "unknown field 'latency'"),
+        ("ttft>fast", "'fast' is not a number, a duration (250ms) or a percentile (p95)"),
+        ("ttft>p150", "percentile p150 is outside p0..p100"),
+        ("model>3", "model is text, compare it with = or !="),
+        ("input_tokens>2s", "input_tokens is a count"),
+        ("ttft>+2s", "a +offset applies to start only"),
+    ],
+)
+def test_bad_selections_say_what_is_wrong(text: str, message: str) -> None:
+    with pytest.raises(SelectionError) as info:
+        parse_selection(text)
+    assert message in str(info.value)
+
+
+def test_percentile_and_duration_thresholds_select_the_same_requests() -> None:
+    """ttft>p80 on this set is ttft>100ms: 12 slow requests; a request without the field
+    is never selected."""
+    ts = build_traceset(_fleet())
+    by_pct = resolve(parse_selection("ttft>p80"), ts.requests)
+    by_ms = resolve(parse_selection("ttft>100ms"), ts.requests)
+    assert [by_pct(r) for r in ts.requests] == [by_ms(r) for r in ts.requests]
+    assert SLOW == sum(by_ms(r) for r in ts.requests)
+    assert not any(resolve(parse_selection("lora=b and tpot>0"), ts.requests)(r) for r in ts.requests)
+
+
+def test_a_selection_that_selects_nothing_is_an_error() -> None:
+    with pytest.raises(SelectionError, match="selects none of the 60 requests"):
+        _compare(_fleet(), "ttft>10s")
+    with pytest.raises(SelectionError, match="is empty"):
+        _compare(_fleet(), "ttft>0s")
+
+
+@pytest.fixture(scope="module")
+def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cohort") / "fleet.jsonl"
+    write_spans(path, _fleet())
+    return path
+
+
+def test_cli_cohorts_write_terminal_json_and_html(
+    fleet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Terminal table, versioned JSON and a self-contained HTML page, exit 0."""
+    out, page = tmp_path / "c.json", tmp_path / "c.html"
+    assert 0 == main(["compare", str(fleet_file), "--where", "ttft>p80", "--json", str(out), "--html", str(page)])
+    text = capsys.readouterr().out
+    first_row = text.split("most over-represented first")[1].splitlines()[2].split()
+    assert ["lora", "b", "12", "(100%)", "0", "(0%)", "+100pt", "only", "here"] == first_row
+    doc = json.loads(out.read_text())
+    assert ("llmtrace.cohort", 1) == (doc["schema"], doc["schema_version"])
+    assert {"feature": "lora", "value": "b"} == {k: doc["factors"][0][k] for k in ("feature", "value")}
+    html = page.read_text()
+    assert "<td>lora</td><td>b</td>" in html and "default-src 'none'" in html
+
+
+def test_cli_bad_selection_is_one_line_exit_2(fleet_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert 2 == main(["compare", str(fleet_file), "--where", "ttft>>1s", "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert 1 == len(err) and "'>1s' is not a number" in err[0]
+
+
+def test_cli_regression_gate_still_needs_two_inputs(fleet_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --where, compare is the regression gate: BASE alone is a usage error (2),
+    and --html (cohorts only) is refused."""
+    assert 2 == main(["compare", str(fleet_file)])
+    assert "compare needs BASE and CURRENT" in capsys.readouterr().err
+    assert 2 == main(["compare", str(fleet_file), str(fleet_file), "--html", "x.html", "-q"])
+    assert "--html applies to cohorts" in capsys.readouterr().err
+    assert 0 == main(["compare", str(fleet_file), str(fleet_file), "-q"])
