@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,11 @@ def dataset(spans: int, directory: str) -> tuple[str, int]:
 
 def run(path: str, out: str, extra: list[str]) -> tuple[float, int]:
     """CPU seconds and peak RSS (bytes) of one export in a child process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = [sys.executable, "-m", "llmtrace.cli", "export", path, "-o", out, "-q", *extra]
     proc = subprocess.Popen(cmd)
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"export failed: {cmd}")
-    del before
     return usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024
 
 
@@ -75,9 +72,11 @@ def main() -> int:
                 "output_mib": round(os.path.getsize(out) / 2**20, 1),
                 "input_mib": round(os.path.getsize(path) / 2**20, 1),
             }
-            print(json.dumps(row) if opts.json else
-                  f"{n:>9} spans  {label:<8} {row['spans_per_s']:>9,} spans/s  peak RSS {row['peak_rss_mib']:>7} MiB  "
-                  f"in {row['input_mib']} MiB -> out {row['output_mib']} MiB")
+            text = (
+                f"{n:>9} spans  {label:<8} {row['spans_per_s']:>9,} spans/s  "
+                f"peak RSS {row['peak_rss_mib']:>7} MiB  in {row['input_mib']} MiB -> out {row['output_mib']} MiB"
+            )
+            print(json.dumps(row) if opts.json else text)
         os.remove(out)
     return 0
 

@@ -52,12 +52,13 @@ def _fleet(*, cached: bool = True, seed: int = 3) -> list[Span]:
     window = engine_window("dp0", [tuple(map(float, s)) for s in steps])  # type: ignore[misc]
     linked = []
     for sp in window:
-        if sp.name == sc.SPAN_STEP:
-            t = (sp.start_ns - window[0].start_ns) / 1e6
-            links = tuple(Link(f"{i + 1:032x}", rid) for i, (a, b, rid) in enumerate(lifetimes) if a <= t <= b)
-            batch = {sc.LLM_BATCH_SIZE: len(links), sc.LLM_QUEUE_WAITING: 0}
-            sp = sp._replace(links=links, attributes={**sp.attributes, **batch})
-        linked.append(sp)
+        if sp.name != sc.SPAN_STEP:
+            linked.append(sp)
+            continue
+        t = (sp.start_ns - window[0].start_ns) / 1e6
+        links = tuple(Link(f"{i + 1:032x}", rid) for i, (a, b, rid) in enumerate(lifetimes) if a <= t <= b)
+        batch = {sc.LLM_BATCH_SIZE: len(links), sc.LLM_QUEUE_WAITING: 0}
+        linked.append(sp._replace(links=links, attributes={**sp.attributes, **batch}))
     return spans + linked
 
 

@@ -69,7 +69,10 @@ def _source(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def _two_services() -> list[dict[str, Any]]:
     """Two processes, two engines: one with GPU attributes on its forwards."""
     a = list(simulate(SimConfig(duration_s=2, arrival_rate=12, seed=5, service="api-a", engine_id="dp0")))
-    b = [_gpu(d, "0") for d in simulate(SimConfig(duration_s=2, arrival_rate=12, seed=6, service="api-b", engine_id="dp1"))]
+    b = [
+        _gpu(d, "0")
+        for d in simulate(SimConfig(duration_s=2, arrival_rate=12, seed=6, service="api-b", engine_id="dp1"))
+    ]
     return a + b
 
 
@@ -97,12 +100,19 @@ def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) 
     with perfetto_tp.trace_processor(_export(tmp_path, docs)) as tp:
         got_names = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
         pairs = [(r.step, r.request, r.step_name) for r in tp.query(_FLOW_PAIRS)]
-        counters = {r.name: r.n for r in tp.query(
-            "select t.name as name, count(*) as n from counter c join counter_track t on c.track_id = t.id group by t.name")}
+        counters = {
+            r.name: r.n
+            for r in tp.query(
+                "select t.name as name, count(*) as n from counter c "
+                "join counter_track t on c.track_id = t.id group by t.name"
+            )
+        }
         threads = {r.name for r in tp.query("select name from thread where name is not null")}
         processes = {r.name for r in tp.query("select name from process where name is not null")}
-        errors = [(r.name, r.value) for r in tp.query(
-            "select name, value from stats where severity in ('error', 'data_loss') and value > 0")]
+        errors = [
+            (r.name, r.value)
+            for r in tp.query("select name, value from stats where severity in ('error', 'data_loss') and value > 0")
+        ]
     assert want["names"] == got_names
     assert want["links"] == {(step, req) for step, req, _ in pairs}
     assert len(want["links"]) == len(pairs)
@@ -127,10 +137,17 @@ def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Pa
     with perfetto_tp.trace_processor(_export(tmp_path, docs, "--no-args")) as tp:
         got = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
         flows = next(iter(tp.query("select count(*) as n from flow"))).n
-        nested_steps = next(iter(tp.query(
-            "select count(*) as n from slice c join slice p on c.parent_id = p.id "
-            "where c.name = 'llm.schedule' and p.name = 'llm.step'"))).n
-        errors = [r.name for r in tp.query("select name from stats where severity in ('error', 'data_loss') and value > 0")]
+        nested_steps = next(
+            iter(
+                tp.query(
+                    "select count(*) as n from slice c join slice p on c.parent_id = p.id "
+                    "where c.name = 'llm.schedule' and p.name = 'llm.step'"
+                )
+            )
+        ).n
+        errors = [
+            r.name for r in tp.query("select name from stats where severity in ('error', 'data_loss') and value > 0")
+        ]
     assert want["names"] == got
     assert len(want["links"]) == flows
     assert want["names"][sc.SPAN_SCHEDULE] == nested_steps

@@ -153,7 +153,10 @@ def features(rv: RequestView, index: _EngineIndex) -> dict[str, str]:
         out["batch@arrival"] = _bucket_pow2(step[0])
         out["waiting@arrival"] = _bucket_pow2(step[1])
     attrs = rv.request.attributes
-    for feature, keys in (("model", (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL)), ("lora", (sc.GEN_AI_REQUEST_LORA,))):
+    for feature, keys in (
+        ("model", (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL)),
+        ("lora", (sc.GEN_AI_REQUEST_LORA,)),
+    ):
         for key in keys:
             value = attrs.get(key)
             if value is not None and value != "":
@@ -190,7 +193,7 @@ def rank_factors(selected: Sequence[Mapping[str, str]], other: Sequence[Mapping[
 def _shape(requests: Sequence[RequestView], index: _EngineIndex) -> dict[str, tuple[float, float]]:
     """Per span name: occurrences per request, mean seconds per occurrence."""
     counts: Counter[str] = Counter()
-    total: Counter[str] = Counter()
+    total: dict[str, float] = defaultdict(float)
     for rv in requests:
         for name, spans in rv.phases.items():
             counts[name] += len(spans)
@@ -202,7 +205,9 @@ def _shape(requests: Sequence[RequestView], index: _EngineIndex) -> dict[str, tu
     return {name: (c / n, total[name] / c) for name, c in counts.items() if c}
 
 
-def structure_diff(selected: Sequence[RequestView], other: Sequence[RequestView], index: _EngineIndex) -> tuple[ShapeDelta, ...]:
+def structure_diff(
+    selected: Sequence[RequestView], other: Sequence[RequestView], index: _EngineIndex
+) -> tuple[ShapeDelta, ...]:
     a, b = _shape(selected, index), _shape(other, index)
     out = []
     for name in sorted(set(a) | set(b)):

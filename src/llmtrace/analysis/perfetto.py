@@ -125,7 +125,9 @@ class ChromeTraceWriter:
             '{"traceEvents":[\n'
             f'{{"ph":"M","name":"process_name","pid":{REQUESTS_PID},"tid":0,"args":{{"name":"{_REQUESTS_NAME}"}}}}'
         )
-        self._event(f',\n{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}')
+        self._event(
+            f',\n{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}'
+        )
 
     # ------------------------------------------------------------------ output
     def _flush(self) -> None:
@@ -159,7 +161,9 @@ class ChromeTraceWriter:
         self._named_tracks[key] = None
         if len(self._named_tracks) > RECENT_PARENTS:
             self._named_tracks.popitem(last=False)  # named again if it recurs: harmless
-        self._event(f',\n{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{json.dumps(name)}}}}}')
+        self._event(
+            f',\n{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{json.dumps(name)}}}}}'
+        )
         if sort_index is not None:
             self._event(
                 f',\n{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":{sort_index}}}}}'
@@ -167,8 +171,7 @@ class ChromeTraceWriter:
 
     def _slice(self, span: Span, pid: int, tid: int) -> None:
         dur = span.end_ns - span.start_ns
-        if dur < 0:
-            dur = 0
+        dur = max(dur, 0)
         head = (
             f',\n{{"ph":"X","name":{self._quoted(span.name)},"cat":"llmtrace","ts":{self._ts(span.start_ns)},'
             f'"dur":{_us(dur)},"pid":{pid},"tid":{tid}'
@@ -198,7 +201,9 @@ class ChromeTraceWriter:
                 label += f" [{role}]"
             if proc is not None:
                 label += f" (pid {proc})"
-            self._event(f',\n{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{json.dumps(label)}}}}}')
+            self._event(
+                f',\n{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{json.dumps(label)}}}}}'
+            )
         self._last_resource, self._last_pid = resource, pid
         return pid
 
@@ -264,11 +269,11 @@ class ChromeTraceWriter:
             return
         parent = span.parent_id
         if parent is not None:
-            track = self._recent.get(parent)
-            if track is not None:
-                self._place_on(span, track)
+            known = self._recent.get(parent)
+            if known is not None:
+                self._place_on(span, known)
                 if name in _PARENTS:
-                    self._remember(span.span_id, track)
+                    self._remember(span.span_id, known)
                 return
             if name in sc.STEP_CHILD_SPANS or name == sc.SPAN_GC or sc.LLM_STEP_ID in attrs:
                 self._wait_for(parent, span)
@@ -306,7 +311,10 @@ class ChromeTraceWriter:
         attrs = step.attributes
         ts = self._ts(step.start_ns)
         engine = json.dumps(str(attrs.get(sc.LLM_ENGINE_ID, tid)))[1:-1]
-        running, waiting = finite_number(attrs.get(sc.LLM_QUEUE_RUNNING)), finite_number(attrs.get(sc.LLM_QUEUE_WAITING))
+        running, waiting = (
+            finite_number(attrs.get(sc.LLM_QUEUE_RUNNING)),
+            finite_number(attrs.get(sc.LLM_QUEUE_WAITING)),
+        )
         if running is not None or waiting is not None:
             values = {k: v for k, v in (("running", running), ("waiting", waiting)) if v is not None}
             self._counter(f"{engine} queue", ts, pid, values)

@@ -89,36 +89,38 @@ def _check_number(text: str, field: str, value: str) -> None:
         raise SelectionError(f"--where {text!r}: a +offset applies to start only")
 
 
-def _getter(field: str) -> Callable[[RequestView], float | str | None]:
-    if field == "ttft":
-        return lambda r: r.ttft_s
-    if field == "e2e":
-        return lambda r: r.e2e_s
-    if field == "queue":
-        return lambda r: r.phase_s(sc.SPAN_QUEUE) if sc.SPAN_QUEUE in r.phases else r.num(sc.GEN_AI_LATENCY_TIME_IN_QUEUE)
-    if field == "tpot":
-        return lambda r: r.num(sc.LLM_TPOT_S)
-    if field == "input_tokens":
-        return lambda r: r.input_tokens
-    if field == "output_tokens":
-        return lambda r: r.output_tokens
-    if field == "start":
-        return lambda r: r.request.start_ns / 1e9
-    keys = {
-        "model": (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL),
-        "lora": (sc.GEN_AI_REQUEST_LORA,),
-        "engine": (sc.LLM_ENGINE_ID,),
-        "finish": (sc.LLM_REQUEST_FINISH_REASON,),
-    }
+def _queue_s(r: RequestView) -> float | None:
+    return r.phase_s(sc.SPAN_QUEUE) if sc.SPAN_QUEUE in r.phases else r.num(sc.GEN_AI_LATENCY_TIME_IN_QUEUE)
+
+
+_NUMBERS: dict[str, Callable[[RequestView], float | int | None]] = {
+    "ttft": lambda r: r.ttft_s,
+    "e2e": lambda r: r.e2e_s,
+    "queue": _queue_s,
+    "tpot": lambda r: r.num(sc.LLM_TPOT_S),
+    "input_tokens": lambda r: r.input_tokens,
+    "output_tokens": lambda r: r.output_tokens,
+    "start": lambda r: r.request.start_ns / 1e9,
+}
+_ATTRIBUTES = {
+    "model": (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL),
+    "lora": (sc.GEN_AI_REQUEST_LORA,),
+    "engine": (sc.LLM_ENGINE_ID,),
+    "finish": (sc.LLM_REQUEST_FINISH_REASON,),
+}
+
+
+def _text(field: str) -> Callable[[RequestView], str | None]:
+    if field == "service":
+        return lambda r: (r.server or r.request).service
+    if field == "trace":
+        return lambda r: r.request.trace_id
+    if field == "request":
+        return lambda r: r.request_id
+    keys = _ATTRIBUTES[field]
 
     def text(r: RequestView) -> str | None:
-        if field == "service":
-            return (r.server or r.request).service
-        if field == "trace":
-            return r.request.trace_id
-        if field == "request":
-            return r.request_id
-        for key in keys[field]:
+        for key in keys:
             value = r.request.attributes.get(key)
             if value is not None:
                 return str(value)
@@ -156,18 +158,31 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 def resolve(selection: Selection, requests: Sequence[RequestView]) -> Callable[[RequestView], bool]:
     """The predicate of ``selection`` over ``requests`` (percentiles taken over them).
     A request without the field's value is never selected by a clause on it."""
-    tests: list[Callable[[RequestView], bool]] = []
-    for clause in selection.clauses:
-        get = _getter(clause.field)
-        op = _OPS[clause.op]
-        if clause.field in _TEXT:
-            want = clause.value
-            equal = clause.op == "="
-            tests.append(lambda r, get=get, want=want, equal=equal: (v := get(r)) is not None and (v == want) == equal)
-        else:
-            bound = _threshold(clause, requests, get)
-            tests.append(lambda r, get=get, op=op, bound=bound: isinstance(v := get(r), int | float) and op(v, bound))
+    tests = [
+        _text_test(clause) if clause.field in _TEXT else _number_test(clause, requests) for clause in selection.clauses
+    ]
     return lambda r: all(t(r) for t in tests)
+
+
+def _text_test(clause: Clause) -> Callable[[RequestView], bool]:
+    get, want, equal = _text(clause.field), clause.value, clause.op == "="
+
+    def test(r: RequestView) -> bool:
+        value = get(r)
+        return value is not None and (value == want) == equal
+
+    return test
+
+
+def _number_test(clause: Clause, requests: Sequence[RequestView]) -> Callable[[RequestView], bool]:
+    get, op = _NUMBERS[clause.field], _OPS[clause.op]
+    bound = _threshold(clause, requests, get)
+
+    def test(r: RequestView) -> bool:
+        value = get(r)
+        return value is not None and op(value, bound)
+
+    return test
 
 
 __all__ = ["Clause", "Selection", "SelectionError", "parse_selection", "resolve"]

@@ -11,10 +11,10 @@ import sys
 from collections.abc import Iterator
 
 from llmtrace.analysis.model import Span
-from llmtrace.analysis.perfetto import write_chrome_trace
+from llmtrace.analysis.perfetto import ExportStats, write_chrome_trace
 from llmtrace.analysis.sources import ReadStats, is_url
 from llmtrace.analysis.sources.files import iter_file_batches
-from llmtrace.analysis.sources.jaeger import DEFAULT_LIMIT, JaegerSource
+from llmtrace.analysis.sources.jaeger import JaegerSource
 from llmtrace.analysis.sources.otlp import Interner
 from llmtrace.cli._analyze import _window
 from llmtrace.cli._progress import Progress
@@ -64,6 +64,20 @@ def _jaeger_batches(url: str, args: argparse.Namespace, progress: Progress) -> I
         client.close()
 
 
+def _write(path: str, batches: Iterator[list[Span]], *, args: bool, source: str) -> ExportStats:
+    if path == "-":
+        return write_chrome_trace(batches, sys.stdout, args=args, source=source)
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            return write_chrome_trace(batches, fh, args=args, source=source)
+    except BaseException as exc:
+        if os.path.exists(path):
+            os.remove(path)  # a half-written document is no timeline
+        if isinstance(exc, OSError):
+            raise LLMTraceError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+
+
 def run_export(args: argparse.Namespace) -> int:
     src: str = args.source
     if not is_url(src) and (args.service or args.since or args.until):
@@ -76,19 +90,7 @@ def run_export(args: argparse.Namespace) -> int:
     )
     batches = _jaeger_batches(src, args, bar) if is_url(src) else _file_batches(src, bar, warnings)
     try:
-        if args.output == "-":
-            stats = write_chrome_trace(batches, sys.stdout, args=not args.no_args, source=src)
-        else:
-            try:
-                fh = open(args.output, "w", encoding="utf-8")
-            except OSError as exc:
-                raise LLMTraceError(f"cannot write {args.output}: {exc.strerror or exc}") from None
-            try:
-                with fh:
-                    stats = write_chrome_trace(batches, fh, args=not args.no_args, source=src)
-            except BaseException:
-                os.remove(args.output)  # a half-written document is no timeline
-                raise
+        stats = _write(args.output, batches, args=not args.no_args, source=src)
     finally:
         bar.close()
     for w in warnings:
@@ -99,7 +101,11 @@ def run_export(args: argparse.Namespace) -> int:
         print(
             f"wrote {args.output}: {stats.slices} slices, {stats.flows} step->request flows, {stats.counters} counter "
             f"samples, {stats.engines} engine(s) in {stats.processes - 1} process(es)"
-            + (f"; {stats.unparented} spans whose parent never came are on their trace's track" if stats.unparented else "")
+            + (
+                f"; {stats.unparented} spans whose parent never came are on their trace's track"
+                if stats.unparented
+                else ""
+            )
             + "\nopen it in https://ui.perfetto.dev or chrome://tracing",
             file=sys.stderr,
         )

@@ -4,6 +4,7 @@ document, and a self-contained HTML page. Formatting only; every number comes co
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -59,7 +60,7 @@ def to_document(c: CohortComparison, source: str) -> dict[str, Any]:
     return {"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "source": source, **asdict(c)}
 
 
-def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for row in rows)
     return f"<table><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>"
@@ -67,8 +68,14 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 def render_html(c: CohortComparison, source: str) -> str:
     factors = [
-        (f.feature, f.value, f"{f.selected} ({f.selected_share:.0%})", f"{f.other} ({f.other_share:.0%})",
-         f"{f.effect * 100:+.0f} pt", _lift(f))
+        (
+            f.feature,
+            f.value,
+            f"{f.selected} ({f.selected_share:.0%})",
+            f"{f.other} ({f.other_share:.0%})",
+            f"{f.effect * 100:+.0f} pt",
+            _lift(f),
+        )
         for f in c.factors
     ]
     shape = [(d.name, *_shape_cells(d)[:3]) for d in c.structure]
