@@ -53,6 +53,9 @@ _REQUEST_NAMES = frozenset((sc.SPAN_REQUEST, sc.VLLM_SPAN_REQUEST))
 _PHASES = frozenset(sc.REQUEST_PHASE_SPANS)
 #: Engine-side spans that parent others (their children may not carry llm.engine.id).
 _PARENTS = frozenset((sc.SPAN_ENGINE, sc.SPAN_STEP, sc.SPAN_FORWARD))
+#: Spans whose GPU attributes become counter samples: snapshots over one step or forward
+#: (a request's are means over its whole life, an engine window's over a second).
+_GPU_SPANS = frozenset((sc.SPAN_STEP, sc.SPAN_FORWARD))
 _GIB = 1024**3
 
 try:  # msgspec (the analysis extra) encodes an attribute dict ~5x faster than json.dumps
@@ -60,10 +63,20 @@ try:  # msgspec (the analysis extra) encodes an attribute dict ~5x faster than j
 
     def _dumps(value: Any) -> str:
         return _encode(value).decode()
+
 except ImportError:  # pragma: no cover - depends on the environment
 
     def _dumps(value: Any) -> str:
         return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def _encode_attrs(attrs: Mapping[str, Any]) -> str:
+    """A span's attributes as a JSON object; one that cannot be encoded as is (a value
+    msgspec does not know) goes through ``str``."""
+    try:
+        return _dumps(attrs)
+    except TypeError:
+        return json.dumps(dict(attrs), separators=(",", ":"), default=str)
 
 
 def track_id(hex_id: str) -> int:
@@ -116,7 +129,9 @@ class ChromeTraceWriter:
         self._last_resource: Any = None
         self._last_pid = 0
         self._origin: int | None = None
-        self.spans = self.slices = self.flows = self.counters = self.unparented = 0
+        self._engine_names: dict[int, str] = {}
+        self._request_tids: dict[str, int] = {}
+        self.spans = self.flows = self.counters = self.unparented = 0
         # Events are collected per batch and written with one call; every event after the
         # first (written here) is prefixed with its separator, so there is no "first?" test.
         self._buf: list[str] = []
@@ -170,20 +185,30 @@ class ChromeTraceWriter:
             )
 
     def _slice(self, span: Span, pid: int, tid: int) -> None:
-        dur = span.end_ns - span.start_ns
-        dur = max(dur, 0)
+        # The hottest function (once per span): formatting inlined, the attribute mapping
+        # encoded as it is and the ids spliced in front (no copy of the mapping).
+        start = span.start_ns
+        d = start - self._origin if self._origin is not None else self._ts_offset(start)
+        dur = span.end_ns - start
+        dur = dur if dur > 0 else 0
+        ts = f"{d // 1000}.{d % 1000:03d}" if d >= 0 else _us(d)
+        name = self._names.get(span.name) or self._quoted(span.name)
         head = (
-            f',\n{{"ph":"X","name":{self._quoted(span.name)},"cat":"llmtrace","ts":{self._ts(span.start_ns)},'
-            f'"dur":{_us(dur)},"pid":{pid},"tid":{tid}'
+            f',\n{{"ph":"X","name":{name},"cat":"llmtrace","ts":{ts},'
+            f'"dur":{dur // 1000}.{dur % 1000:03d},"pid":{pid},"tid":{tid},"args":{{"span_id":"{span.span_id}"'
         )
-        if self._args:
-            args = dict(span.attributes)
-            args["span_id"] = span.span_id
-            args["trace_id"] = span.trace_id
-            self._event(f'{head},"args":{_dumps(args)}}}')
+        attrs = span.attributes
+        if not self._args:
+            self._event(head + "}}")
+        elif attrs:
+            self._event(f'{head},"trace_id":"{span.trace_id}",{_encode_attrs(attrs)[1:]}}}')
         else:
-            self._event(f'{head},"args":{{"span_id":"{span.span_id}"}}}}')
-        self.slices += 1
+            self._event(f'{head},"trace_id":"{span.trace_id}"}}}}')
+
+    def _ts_offset(self, ns: int) -> int:
+        self._ts(ns)  # fixes the origin
+        assert self._origin is not None
+        return ns - self._origin
 
     # ------------------------------------------------------------------ tracks
     def _process(self, span: Span) -> int:
@@ -300,27 +325,37 @@ class ChromeTraceWriter:
     def _place_on(self, span: Span, track: tuple[int, int]) -> None:
         pid, tid = track
         self._slice(span, pid, tid)
-        if span.name == sc.SPAN_STEP:
+        name = span.name
+        if name not in _GPU_SPANS:
+            return
+        if name == sc.SPAN_STEP:
             self._step_extras(span, pid, tid)
         attrs = span.attributes
         if sc.HW_GPU_UTILIZATION in attrs or sc.HW_GPU_POWER in attrs or sc.HW_GPU_MEMORY_USAGE in attrs:
             self._gpu_counter(span, pid)
 
     def _step_extras(self, step: Span, pid: int, tid: int) -> None:
-        """The step's counters, and a flow from the step to each request it served."""
+        """The step's counters, and a flow between the step and each request it served."""
         attrs = step.attributes
         ts = self._ts(step.start_ns)
-        engine = json.dumps(str(attrs.get(sc.LLM_ENGINE_ID, tid)))[1:-1]
-        running, waiting = (
-            finite_number(attrs.get(sc.LLM_QUEUE_RUNNING)),
-            finite_number(attrs.get(sc.LLM_QUEUE_WAITING)),
-        )
-        if running is not None or waiting is not None:
+        engine = self._engine_names.get(tid)
+        if engine is None:
+            engine = self._engine_names[tid] = json.dumps(str(attrs.get(sc.LLM_ENGINE_ID, tid)))[1:-1]
+        running = finite_number(attrs.get(sc.LLM_QUEUE_RUNNING))
+        waiting = finite_number(attrs.get(sc.LLM_QUEUE_WAITING))
+        kv = finite_number(attrs.get(sc.LLM_KV_CACHE_USAGE))
+        if running is not None and waiting is not None:  # the usual step: one event, no dict
+            self.counters += 1
+            self._event(
+                f',\n{{"ph":"C","name":"{engine} queue","ts":{ts},"pid":{pid},'
+                f'"args":{{"running":{running!r},"waiting":{waiting!r}}}}}'
+            )
+        elif running is not None or waiting is not None:
             values = {k: v for k, v in (("running", running), ("waiting", waiting)) if v is not None}
             self._counter(f"{engine} queue", ts, pid, values)
-        kv = finite_number(attrs.get(sc.LLM_KV_CACHE_USAGE))
         if kv is not None:
-            self._counter(f"{engine} kv cache", ts, pid, {"usage": kv})
+            self.counters += 1
+            self._event(f',\n{{"ph":"C","name":"{engine} kv cache","ts":{ts},"pid":{pid},"args":{{"usage":{kv!r}}}}}')
         if not step.links:
             return
         # Perfetto binds a flow's start ("s") to the innermost slice open at its time, and an
@@ -328,15 +363,21 @@ class ChromeTraceWriter:
         # request's track just before the step (the request, in this step's batch, is open
         # then: it binds to the phase it was in), the end on the engine track just before
         # the step begins (it binds to the step, never to a child starting with it).
-        start = f'","ts":{self._ts(step.start_ns - 2)},"pid":{REQUESTS_PID},"tid":'
-        end = f'","ts":{self._ts(step.start_ns - 1)},"pid":{pid},"tid":{tid}}}'
+        start = f',"ts":{self._ts(step.start_ns - 2)},"pid":{REQUESTS_PID},"tid":'
+        end = f',"ts":{self._ts(step.start_ns - 1)},"pid":{pid},"tid":{tid}}}'
         event = self._event
+        tids = self._request_tids
         fid = self.flows
         for link in step.links:
             fid += 1
+            rtid = tids.get(link.span_id)
+            if rtid is None:
+                if len(tids) >= RECENT_PARENTS:
+                    tids.clear()
+                rtid = tids[link.span_id] = track_id(link.span_id)
             event(
-                f',\n{{"ph":"s","name":"batch","cat":"llmtrace","id":"{fid:x}{start}{track_id(link.span_id)}}}'
-                f',\n{{"ph":"f","name":"batch","cat":"llmtrace","id":"{fid:x}{end}'
+                f',\n{{"ph":"s","name":"batch","cat":"llmtrace","id":{fid}{start}{rtid}}}'
+                f',\n{{"ph":"f","name":"batch","cat":"llmtrace","id":{fid}{end}'
             )
         self.flows = fid
 
@@ -372,7 +413,7 @@ class ChromeTraceWriter:
         self._out.write(f'\n],"otherData":{_dumps(other)}}}\n')
         return ExportStats(
             spans=self.spans,
-            slices=self.slices,
+            slices=self.spans,  # every span is one slice
             flows=self.flows,
             counters=self.counters,
             processes=len(self._processes) + 1,
