@@ -365,21 +365,23 @@ class ChromeTraceWriter:
         # the step begins (it binds to the step, never to a child starting with it).
         start = f',"ts":{self._ts(step.start_ns - 2)},"pid":{REQUESTS_PID},"tid":'
         end = f',"ts":{self._ts(step.start_ns - 1)},"pid":{pid},"tid":{tid}}}'
-        event = self._event
+        links = step.links
         tids = self._request_tids
-        fid = self.flows
-        for link in step.links:
-            fid += 1
-            rtid = tids.get(link.span_id)
-            if rtid is None:
-                if len(tids) >= RECENT_PARENTS:
-                    tids.clear()
-                rtid = tids[link.span_id] = track_id(link.span_id)
-            event(
-                f',\n{{"ph":"s","name":"batch","cat":"llmtrace","id":{fid}{start}{rtid}}}'
-                f',\n{{"ph":"f","name":"batch","cat":"llmtrace","id":{fid}{end}'
+        if len(tids) >= RECENT_PARENTS:
+            tids.clear()
+        get = tids.get
+        rtids = [get(link.span_id) or tids.setdefault(link.span_id, track_id(link.span_id)) for link in links]
+        first = self.flows + 1
+        self.flows += len(links)
+        self._event(
+            "".join(
+                [
+                    f',\n{{"ph":"s","name":"batch","cat":"llmtrace","id":{fid}{start}{rtid}}}'
+                    f',\n{{"ph":"f","name":"batch","cat":"llmtrace","id":{fid}{end}'
+                    for fid, rtid in zip(range(first, first + len(links)), rtids, strict=True)
+                ]
             )
-        self.flows = fid
+        )
 
     def _gpu_counter(self, span: Span, pid: int) -> None:
         attrs = span.attributes
