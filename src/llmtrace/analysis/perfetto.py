@@ -37,11 +37,14 @@ from llmtrace.analysis.model import Span, finite_number
 
 #: Engine-side spans remembered so that a child read after them (llm.schedule under
 #: llm.step) lands on their track: a window's spans arrive together, so a few windows' worth
-#: is plenty; ~150 bytes each.
-RECENT_PARENTS = 65_536
+#: (a window is ~64-1000 steps) is plenty.
+RECENT_PARENTS = 16_384
 #: Children read before their parent wait this many at most (an exporter batch ends
 #: children before the parent); past it the oldest go to their trace's track.
 PENDING_LIMIT = 65_536
+#: Tracks whose name was written, and request track ids computed, remembered at most:
+#: forgetting one costs a repeated name event or one more hex parse, nothing else.
+TRACK_CACHE = 4_096
 #: The time origin is this long before the first span read, so that the spans read later
 #: but starting earlier (input is not sorted) still get positive timestamps.
 ORIGIN_LEAD_S = 3600
@@ -174,7 +177,7 @@ class ChromeTraceWriter:
         if key in self._named_tracks:
             return
         self._named_tracks[key] = None
-        if len(self._named_tracks) > RECENT_PARENTS:
+        if len(self._named_tracks) > TRACK_CACHE:
             self._named_tracks.popitem(last=False)  # named again if it recurs: harmless
         self._event(
             f',\n{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{json.dumps(name)}}}}}'
@@ -367,7 +370,7 @@ class ChromeTraceWriter:
         end = f',"ts":{self._ts(step.start_ns - 1)},"pid":{pid},"tid":{tid}}}'
         links = step.links
         tids = self._request_tids
-        if len(tids) >= RECENT_PARENTS:
+        if len(tids) >= TRACK_CACHE:
             tids.clear()
         get = tids.get
         rtids = [get(link.span_id) or tids.setdefault(link.span_id, track_id(link.span_id)) for link in links]

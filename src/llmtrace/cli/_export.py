@@ -22,7 +22,7 @@ from llmtrace.cli._progress import Progress
 from llmtrace.errors import LLMTraceError
 
 #: Interned strings kept at most while streaming a file (trace ids otherwise pile up).
-_INTERN_LIMIT = 100_000
+_INTERN_LIMIT = 20_000
 #: Span ids remembered to drop the second copy of a trace Jaeger returns for each of the
 #: services it touches; cleared when full (a bounded, best-effort filter).
 _SEEN_LIMIT = 500_000
