@@ -23,22 +23,7 @@ import subprocess
 import sys
 import tempfile
 
-from llmtrace.analysis.synthetic import SimConfig, write_jsonl
-
-_SPANS_PER_SIM_S = 1030  # the simulation's spans per simulated second at its default load
-
-
-def dataset(spans: int, directory: str) -> tuple[str, int]:
-    duration = max(1.0, spans / _SPANS_PER_SIM_S)
-    path = os.path.join(directory, f"llmtrace-bench-{int(duration)}s.jsonl")
-    count_path = path + ".count"
-    if not (os.path.exists(path) and os.path.exists(count_path)):
-        n = write_jsonl(path, SimConfig(duration_s=duration, arrival_rate=20, seed=11))
-        with open(count_path, "w") as fh:
-            fh.write(str(n))
-    with open(count_path) as fh:
-        return path, int(fh.read())
-
+from bench_analyzer import dataset  # the same cached span sets
 
 #: Run in the child: the CLI's export, timed from after the imports (interpreter start-up
 #: is ~0.35 s of CPU here, a constant that is not throughput), peak RSS of the whole process.
