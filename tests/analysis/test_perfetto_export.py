@@ -9,6 +9,7 @@ where it comes from. Not a double: the same parser the UI loads the file with.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -108,6 +109,13 @@ def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) 
             )
         }
         threads = {r.name for r in tp.query("select name from thread where name is not null")}
+        engine_side = {
+            (r.name, r.thread)
+            for r in tp.query(
+                "select s.name as name, t.name as thread from slice s join thread_track tt on s.track_id = tt.id "
+                "join thread t using (utid) where s.name in ('llm.step', 'llm.gc', 'llm.engine', 'llm.forward')"
+            )
+        }
         processes = {r.name for r in tp.query("select name from process where name is not null")}
         errors = [
             (r.name, r.value)
@@ -121,6 +129,12 @@ def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) 
     assert want["names"][sc.SPAN_STEP] == counters["dp0 queue running"] + counters["dp1 queue running"]
     assert {"engine dp0", "engine dp1", "engine dp0 windows", "engine dp1 windows"} <= threads
     assert {"api-a", "api-b", "llm requests"} <= processes
+    # gc (no llm.engine.id on it here) follows its window's engine; windows have their own track
+    assert {
+        (name, f"engine {e}{' windows' if name == sc.SPAN_ENGINE else ''}")
+        for e in ("dp0", "dp1")
+        for name in (sc.SPAN_STEP, sc.SPAN_GC, sc.SPAN_ENGINE, sc.SPAN_FORWARD)
+    } == engine_side
     assert [] == errors
 
 
@@ -152,6 +166,24 @@ def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Pa
     assert len(want["links"]) == flows
     assert want["names"][sc.SPAN_SCHEDULE] == nested_steps
     assert [] == errors
+
+
+def test_children_whose_parent_never_comes_go_to_their_trace_track(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Waiting children are bounded: past the limit the oldest, and at the end the rest,
+    go to their trace's track, counted; none is lost."""
+    from llmtrace.analysis import perfetto
+    from tests.analysis.builders import span
+
+    monkeypatch.setattr(perfetto, "PENDING_LIMIT", 2)
+    out = io.StringIO()
+    writer = perfetto.ChromeTraceWriter(out)
+    children = [span(sc.SPAN_SCHEDULE, i, i + 1, parent_id=f"{i + 1:016x}", trace=f"{i + 1:032x}") for i in range(3)]
+    writer.add(children)
+    assert 1 == writer.unparented  # the first one, when the third arrived
+    stats = writer.close()
+    slices = [e for e in json.loads(out.getvalue())["traceEvents"] if e["ph"] == "X"]
+    assert (3, 3, 3) == (stats.unparented, stats.slices, len(slices))
+    assert {perfetto.track_id(c.trace_id) for c in children} == {e["tid"] for e in slices}
 
 
 def test_export_of_a_missing_file_is_one_line_and_leaves_no_output(
