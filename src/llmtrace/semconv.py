@@ -42,14 +42,14 @@ GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
-# vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
-# its phases as latency attributes, the token counts under the older GenAI names.
 # KV provenance and adapters on llm.request (read by the cohort comparison; absent where the
 # engine does not report them).
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
 LLM_PROMPT_TOKENS_CACHED: Final = "llm.prompt_tokens.cached"
 GEN_AI_REQUEST_LORA: Final = "gen_ai.request.lora"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+# vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
+# its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"
 VLLM_USAGE_PROMPT_TOKENS: Final = "gen_ai.usage.prompt_tokens"
 VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"

@@ -183,6 +183,16 @@ def test_cli_bad_selection_is_one_line_exit_2(fleet_file: Path, capsys: pytest.C
     assert 1 == len(err) and "'>1s' is not a number" in err[0]
 
 
+def test_cli_cohorts_of_a_summary_say_it_has_no_requests(
+    fleet_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A saved summary (the gate's input) cannot be split into cohorts: one line, exit 2."""
+    summary = tmp_path / "s.json"
+    assert 0 == main(["analyze", str(fleet_file), "--json", str(summary), "-q"])
+    assert 2 == main(["compare", str(summary), "--where", "ttft>p95", "-q"])
+    assert "an analysis summary holds no requests to split" in capsys.readouterr().err
+
+
 def test_cli_regression_gate_still_needs_two_inputs(fleet_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without --where, compare is the regression gate: BASE alone is a usage error (2),
     and --html (cohorts only) is refused."""
