@@ -94,6 +94,14 @@ def test_structural_diff_names_the_added_phase_and_the_longer_one() -> None:
     assert "same" == changes[sc.SPAN_TOKENIZE]
 
 
+def test_two_single_traces_compare_structurally() -> None:
+    """trace=A vs trace=B: one request each; its values are ranked and its shape diffed."""
+    result = _compare(_fleet(), f"trace={1:032x}", f"trace={2:032x}")
+    assert (1, 1) == (result.selected, result.other_count)
+    assert {sc.SPAN_PREFILL, sc.SPAN_STEP} <= {d.name for d in result.structure}
+    assert result.factors  # a one-request selection still ranks its values
+
+
 def test_two_explicit_cohorts_and_two_time_windows() -> None:
     """Two --where cohorts need not cover every request; time windows split by arrival."""
     spans = _fleet()

@@ -35,7 +35,8 @@ from llmtrace import semconv as sc
 from llmtrace.analysis.model import RequestView, TraceSet
 from llmtrace.analysis.selection import Selection, SelectionError, resolve
 
-#: A value must reach this many selected requests to be ranked (one odd request is noise).
+#: A value must reach this many selected requests to be ranked (one odd request is noise),
+#: unless the selection is smaller (one trace against another).
 MIN_COUNT = 2
 #: A phase or step this much longer on average (mean per request) is reported as longer.
 LONGER_RATIO = 1.2
@@ -172,15 +173,16 @@ FEATURES = ("prompt", "cached", "preempted", "batch@arrival", "waiting@arrival",
 
 
 def rank_factors(selected: Sequence[Mapping[str, str]], other: Sequence[Mapping[str, str]]) -> tuple[Factor, ...]:
-    """Every (feature, value) seen at least :data:`MIN_COUNT` times in the selection, most
-    over-represented first (effect, then lift, then count)."""
+    """Every (feature, value) seen at least :data:`MIN_COUNT` times in the selection (or in
+    all of a smaller one), most over-represented first (effect, then lift, then count)."""
     if not selected or not other:
         return ()
     sel_counts: Counter[tuple[str, str]] = Counter(kv for f in selected for kv in f.items())
     oth_counts: Counter[tuple[str, str]] = Counter(kv for f in other for kv in f.items())
     out = []
+    least = min(MIN_COUNT, len(selected))
     for (feature, value), n in sel_counts.items():
-        if n < MIN_COUNT:
+        if n < least:
             continue
         m = oth_counts.get((feature, value), 0)
         s_share, o_share = n / len(selected), m / len(other)
