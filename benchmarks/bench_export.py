@@ -5,6 +5,7 @@ memory bounded independent of input size).
     python benchmarks/bench_export.py                       # 250k and 1M spans
     python benchmarks/bench_export.py --spans 100000 400000 # other sizes
     python benchmarks/bench_export.py --json                # one JSON line per size
+    python benchmarks/bench_export.py --instructions        # instructions/span (valgrind)
 
 Each size is the simulated server of ``llmtrace.analysis.synthetic`` written as OTLP JSON
 lines (generated once, cached in the temp dir). Each export runs in a fresh subprocess
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 
+from _callgrind import instructions_per_thread
 from bench_analyzer import dataset  # the same cached span sets
 
 #: Run in the child: the CLI's export, timed from after the imports (interpreter start-up
@@ -49,12 +51,39 @@ def run(path: str, out: str, extra: list[str]) -> tuple[float, int]:
     return float(result["cpu_s"]), int(result["maxrss"])
 
 
+def instructions_per_span(small: int, large: int, extra: list[str]) -> float:
+    """Instructions per span under callgrind, from two sizes (start-up cancels out):
+    stable where CPU time on a shared VM is not."""
+    tmp = tempfile.gettempdir()
+    counts = []
+    for size in (small, large):
+        path, n = dataset(size, tmp)
+        out = os.path.join(tmp, "llmtrace-bench-export-cg.json")
+        argv = [sys.executable, "-m", "llmtrace.cli", "export", path, "-o", out, "-q", *extra]
+        counts.append((n, instructions_per_thread(argv)[1]))
+        os.remove(out)
+    (n1, i1), (n2, i2) = counts
+    return (i2 - i1) / (n2 - n1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spans", type=int, nargs="+", default=[250_000, 1_000_000])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="best of N runs per size")
+    ap.add_argument(
+        "--instructions", action="store_true", help="instead: instructions per span under valgrind (10k vs 40k spans)"
+    )
     opts = ap.parse_args()
+    if opts.instructions:
+        for label, extra in (("args", []), ("no-args", ["--no-args"])):
+            per_span = instructions_per_span(10_000, 40_000, extra)
+            print(
+                json.dumps({"mode": label, "instructions_per_span": round(per_span)})
+                if opts.json
+                else f"{label:<8} {per_span:,.0f} instructions/span"
+            )
+        return 0
     tmp = tempfile.gettempdir()
     for size in opts.spans:
         path, n = dataset(size, tmp)

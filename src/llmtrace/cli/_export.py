@@ -38,7 +38,9 @@ def _file_batches(path: str, progress: Progress, warnings: list[str]) -> Iterato
     warnings.extend(stats.warnings(path))
 
 
-def _jaeger_batches(url: str, args: argparse.Namespace, progress: Progress) -> Iterator[list[Span]]:
+def _jaeger_batches(
+    url: str, args: argparse.Namespace, progress: Progress, warnings: list[str]
+) -> Iterator[list[Span]]:
     import time
 
     from llmtrace.analysis.sources import DEFAULT_LOOKBACK_NS
@@ -63,6 +65,7 @@ def _jaeger_batches(url: str, args: argparse.Namespace, progress: Progress) -> I
         yield batch
     finally:
         client.close()
+    warnings.extend(client.stats.warnings(url) + client.warnings)
 
 
 def _write(path: str, batches: Iterator[list[Span]], *, args: bool, source: str) -> ExportStats:
@@ -89,7 +92,7 @@ def run_export(args: argparse.Namespace) -> int:
         enabled=False if args.quiet or args.output == "-" else None,
         unit="window" if is_url(src) else "bytes",
     )
-    batches = _jaeger_batches(src, args, bar) if is_url(src) else _file_batches(src, bar, warnings)
+    batches = _jaeger_batches(src, args, bar, warnings) if is_url(src) else _file_batches(src, bar, warnings)
     try:
         # Nothing made here is cyclic garbage (spans are freed by reference counting as
         # each batch is written): the collector's passes over every batch would be waste.
