@@ -43,7 +43,7 @@ def missing() -> str | None:
 
 
 class _Socket:
-    """The transport interface of perfetto's RPC client, over one Unix socket."""
+    """Bytes to and from the trace processor over one Unix socket."""
 
     def __init__(self, path: str) -> None:
         import socket
@@ -66,23 +66,38 @@ class _Socket:
         self.sock.close()
 
 
+def _read_message(sock: _Socket) -> bytes:
+    """One TraceProcessorRpc off the reply stream: field 1 of TraceProcessorRpcStream
+    (tag 0x0A), a varint length, the message."""
+    tag = sock.read(1)[0]
+    if tag != 0x0A:
+        raise RuntimeError(f"unexpected tag {tag:#x} in the trace processor's reply")
+    length, shift = 0, 0
+    while True:
+        byte = sock.read(1)[0]
+        length |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return sock.read(length)
+        shift += 7
+
+
 def _load(sock_path: str, trace: Path) -> None:
     """Append the trace's bytes and finalize, as the UI does; raise on a parse error."""
     from perfetto.trace_processor.platform import PlatformDelegate
     from perfetto.trace_processor.protos import ProtoFactory
-    from perfetto.trace_processor.rpc import TraceProcessorRpc
 
     protos = ProtoFactory(PlatformDelegate())
-    rpc = TraceProcessorRpc(_Socket(sock_path), protos)
+    sock = _Socket(sock_path)
     method = protos.TraceProcessorRpc
 
     def call(fill: Any) -> Any:
         stream = protos.TraceProcessorRpcStream()
         fill(stream.msg.add())
-        rpc.transport.send(stream.SerializeToString())
+        sock.send(stream.SerializeToString())
         reply = method()
-        reply.MergeFromString(rpc._read_payload())
-        rpc._check_envelope(reply)
+        reply.MergeFromString(_read_message(sock))
+        if reply.HasField("fatal_error") or reply.HasField("invalid_request"):
+            raise RuntimeError(f"trace processor refused the trace: {reply}")
         return reply
 
     try:
@@ -102,7 +117,7 @@ def _load(sock_path: str, trace: Path) -> None:
 
         call(finalize)
     finally:
-        rpc.close()
+        sock.close()
 
 
 @contextmanager
