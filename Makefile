@@ -10,7 +10,7 @@ SETUP := $(if $(LLMTRACE_SETUP_DONE),,setup)
 
 .PHONY: setup setup-venv test lint demo stack-build stack-up
 
-setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector from the Go proxy, chromium
+setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector from the Go proxy, chromium, Perfetto trace processor
 	.ci/run setup
 
 setup-venv:  ## the Python venv only: all the demo needs
