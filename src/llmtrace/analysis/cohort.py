@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmtrace import semconv as sc
-from llmtrace.analysis.model import RequestView, TraceSet
+from llmtrace.analysis.model import RequestView, TraceSet, finite_number
 from llmtrace.analysis.selection import Selection, SelectionError, resolve
 
 #: A value must reach this many selected requests to be ranked (one odd request is noise),
@@ -113,20 +113,27 @@ class _EngineIndex:
 
     def __init__(self, ts: TraceSet) -> None:
         self.starts: dict[str, list[int]] = {}
-        self.steps: dict[str, list[tuple[float, float]]] = {}
+        self.steps: dict[str, list[tuple[float | None, float | None]]] = {}
         self.engine_of: dict[str, str] = {}
         self.served: dict[str, list[float]] = defaultdict(list)
         for eid, engine in ts.engines.items():
             ordered = sorted(engine.steps, key=lambda st: st.step.start_ns)
             self.starts[eid] = [st.step.start_ns for st in ordered]
-            self.steps[eid] = [(st.batch_size, st.waiting) for st in ordered]
+            # Read from the attributes (StepView says 0 for an absent one: not a measurement).
+            self.steps[eid] = [
+                (
+                    finite_number(st.step.attributes.get(sc.LLM_BATCH_SIZE)),
+                    finite_number(st.step.attributes.get(sc.LLM_QUEUE_WAITING)),
+                )
+                for st in ordered
+            ]
             for st in ordered:
                 dur = (st.step.end_ns - st.step.start_ns) / 1e9
                 for link in st.step.links:
                     self.engine_of.setdefault(link.span_id, eid)
                     self.served[link.span_id].append(dur)
 
-    def at_arrival(self, rv: RequestView) -> tuple[str | None, tuple[float, float] | None]:
+    def at_arrival(self, rv: RequestView) -> tuple[str | None, tuple[float | None, float | None] | None]:
         eid = self.engine_of.get(rv.request.span_id)
         if eid is None and len(self.starts) == 1:
             eid = next(iter(self.starts))
@@ -151,8 +158,11 @@ def features(rv: RequestView, index: _EngineIndex) -> dict[str, str]:
     if eid is not None:
         out["engine"] = eid
     if step is not None:
-        out["batch@arrival"] = _bucket_pow2(step[0])
-        out["waiting@arrival"] = _bucket_pow2(step[1])
+        batch, waiting = step
+        if batch is not None:
+            out["batch@arrival"] = _bucket_pow2(batch)
+        if waiting is not None:
+            out["waiting@arrival"] = _bucket_pow2(waiting)
     attrs = rv.request.attributes
     for feature, keys in (
         ("model", (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL)),
