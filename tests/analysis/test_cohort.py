@@ -155,6 +155,12 @@ def test_percentile_and_duration_thresholds_select_the_same_requests() -> None:
     assert not any(resolve(parse_selection("lora=b and tpot>0"), ts.requests)(r) for r in ts.requests)
 
 
+def test_engine_selection_follows_the_steps_that_served_the_request() -> None:
+    """Requests do not carry llm.engine.id: engine=dp0 selects those its steps served."""
+    result = _compare(_fleet(), "ENGINE=dp0 and lora=b")
+    assert SLOW == result.selected
+
+
 def test_a_selection_that_selects_nothing_is_an_error() -> None:
     with pytest.raises(SelectionError, match="selects none of the 60 requests"):
         _compare(_fleet(), "ttft>10s")

@@ -245,10 +245,10 @@ def compare_cohorts(ts: TraceSet, selection: Selection, other: Selection | None 
     explain the split. Raises :class:`SelectionError` when a cohort is empty."""
     index = _EngineIndex(ts)
     requests = ts.requests
-    pick: Callable[[RequestView], bool] = resolve(selection, requests)
+    pick: Callable[[RequestView], bool] = resolve(selection, requests, index.engine_of)
     chosen = [rv for rv in requests if pick(rv)]
     if other is not None:
-        pick_other = resolve(other, requests)
+        pick_other = resolve(other, requests, index.engine_of)
         rest = [rv for rv in requests if pick_other(rv)]
     else:
         rest = [rv for rv in requests if not pick(rv)]

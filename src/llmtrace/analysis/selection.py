@@ -20,7 +20,7 @@ are ``start<+60s`` and ``start>=+60s``. Examples::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from llmtrace import semconv as sc
@@ -36,7 +36,7 @@ class SelectionError(AnalysisError):
 _NUMERIC = ("ttft", "e2e", "queue", "tpot", "input_tokens", "output_tokens", "start")
 _TEXT = ("service", "model", "engine", "lora", "trace", "request", "finish")
 _DURATIONS = ("ttft", "e2e", "queue", "tpot")
-_CLAUSE = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|!=|=|>|<)\s*(\S.*?)\s*$")
+_CLAUSE = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(>=|<=|!=|=|>|<)\s*(\S.*?)\s*$", re.IGNORECASE)
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 _NUMBER = re.compile(r"^([+-]?\d+(?:\.\d+)?(?:e[+-]?\d+)?)(us|ms|s|m)?$", re.IGNORECASE)
 _PERCENTILE = re.compile(r"^p(\d+(?:\.\d+)?)$")
@@ -65,6 +65,7 @@ def parse_selection(text: str) -> Selection:
         if m is None:
             raise SelectionError(f"--where {text!r}: {part!r} is not FIELD OP VALUE (e.g. ttft>p95, service=api)")
         field, op, value = m.groups()
+        field = field.lower()
         if field not in _NUMERIC and field not in _TEXT:
             raise SelectionError(f"--where {text!r}: unknown field {field!r} (one of: {', '.join(_NUMERIC + _TEXT)})")
         if field in _TEXT and op not in ("=", "!="):
@@ -105,12 +106,13 @@ _NUMBERS: dict[str, Callable[[RequestView], float | int | None]] = {
 _ATTRIBUTES = {
     "model": (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL),
     "lora": (sc.GEN_AI_REQUEST_LORA,),
-    "engine": (sc.LLM_ENGINE_ID,),
     "finish": (sc.LLM_REQUEST_FINISH_REASON,),
 }
 
 
-def _text(field: str) -> Callable[[RequestView], str | None]:
+def _text(field: str, engine_of: Mapping[str, str]) -> Callable[[RequestView], str | None]:
+    if field == "engine":  # requests do not carry it: the steps that served them say
+        return lambda r: engine_of.get(r.request.span_id)
     if field == "service":
         return lambda r: (r.server or r.request).service
     if field == "trace":
@@ -155,17 +157,22 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-def resolve(selection: Selection, requests: Sequence[RequestView]) -> Callable[[RequestView], bool]:
+def resolve(
+    selection: Selection, requests: Sequence[RequestView], engine_of: Mapping[str, str] | None = None
+) -> Callable[[RequestView], bool]:
     """The predicate of ``selection`` over ``requests`` (percentiles taken over them).
+    ``engine_of``: request span id -> the engine that served it (``engine=`` clauses).
     A request without the field's value is never selected by a clause on it."""
+    engines = engine_of if engine_of is not None else {}
     tests = [
-        _text_test(clause) if clause.field in _TEXT else _number_test(clause, requests) for clause in selection.clauses
+        _text_test(clause, engines) if clause.field in _TEXT else _number_test(clause, requests)
+        for clause in selection.clauses
     ]
     return lambda r: all(t(r) for t in tests)
 
 
-def _text_test(clause: Clause) -> Callable[[RequestView], bool]:
-    get, want, equal = _text(clause.field), clause.value, clause.op == "="
+def _text_test(clause: Clause, engine_of: Mapping[str, str]) -> Callable[[RequestView], bool]:
+    get, want, equal = _text(clause.field, engine_of), clause.value, clause.op == "="
 
     def test(r: RequestView) -> bool:
         value = get(r)
