@@ -36,7 +36,7 @@ def _fleet(*, cached: bool = True, seed: int = 3) -> list[Span]:
         n_in = rng.choice([100, 300, 700, 1500])
         attrs: dict[str, object] = {
             sc.GEN_AI_REQUEST_MODEL: rng.choice(["m-small", "m-large"]),
-            sc.GEN_AI_REQUEST_LORA: "b" if is_slow else "a",
+            sc.LLM_REQUEST_LORA: "b" if is_slow else "a",
             sc.LLM_PREEMPTIONS: 0,
         }
         if cached and rng.random() < 0.5:  # half report it: absence is not "0%"

@@ -166,7 +166,7 @@ def features(rv: RequestView, index: _EngineIndex) -> dict[str, str]:
     attrs = rv.request.attributes
     for feature, keys in (
         ("model", (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL)),
-        ("lora", (sc.GEN_AI_REQUEST_LORA,)),
+        ("lora", (sc.LLM_REQUEST_LORA,)),
     ):
         for key in keys:
             value = attrs.get(key)

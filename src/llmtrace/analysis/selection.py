@@ -105,7 +105,7 @@ _NUMBERS: dict[str, Callable[[RequestView], float | int | None]] = {
 }
 _ATTRIBUTES = {
     "model": (sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL),
-    "lora": (sc.GEN_AI_REQUEST_LORA,),
+    "lora": (sc.LLM_REQUEST_LORA,),
     "finish": (sc.LLM_REQUEST_FINISH_REASON,),
 }
 
