@@ -22,11 +22,23 @@ SLOW = 12
 REQUESTS = 60
 
 
-def _fleet(*, cached: bool = True, seed: int = 3) -> list[Span]:
-    """60 requests, one every 50 ms, served by one engine. Exactly the 12 requests on LoRA
-    adapter "b" are slow (500 ms prefill, and a detokenize phase the others lack); prompt
-    length, model and cached share are drawn at random for every request, so none of them
-    tells the slow ones apart. ``cached=False``: no request carries a cached-token count."""
+def _provenance(n_in: int, cached: int, transferred: int = 0) -> dict[str, object]:
+    """KV provenance as the lifecycle core writes it on llm.request (docs/span-model.md)."""
+    return {
+        sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached + transferred,
+        sc.LLM_PROMPT_TOKENS_CACHED: cached,
+        sc.LLM_PROMPT_TOKENS_TRANSFERRED: transferred,
+        sc.LLM_PROMPT_TOKENS_COMPUTED: n_in - cached - transferred,
+    }
+
+
+def _fleet(*, cached: bool = True, seed: int = 3, cause: str = "lora") -> list[Span]:
+    """60 requests, one every 50 ms, served by one engine. Exactly 12 requests are slow
+    (500 ms prefill, and a detokenize phase the others lack): with ``cause="lora"`` those on
+    LoRA adapter "b", while prompt length, model and cached share (the GenAI key alone, on
+    half the requests) are drawn at random; with ``cause="cache"`` those whose prompt the
+    prefix cache missed (every other request has >= 90% cached), the adapter drawn at random.
+    ``cached=False``: no request carries a cached-token count."""
     rng = random.Random(seed)
     slow = set(rng.sample(range(REQUESTS), SLOW))
     spans: list[Span] = []
@@ -34,12 +46,17 @@ def _fleet(*, cached: bool = True, seed: int = 3) -> list[Span]:
     for i in range(REQUESTS):
         is_slow = i in slow
         n_in = rng.choice([100, 300, 700, 1500])
+        lora = ("b" if is_slow else "a") if cause == "lora" else rng.choice("ab")
         attrs: dict[str, object] = {
             sc.GEN_AI_REQUEST_MODEL: rng.choice(["m-small", "m-large"]),
-            sc.LLM_REQUEST_LORA: "b" if is_slow else "a",
+            sc.LLM_REQUEST_LORA: lora,
             sc.LLM_PREEMPTIONS: 0,
         }
-        if cached and rng.random() < 0.5:  # half report it: absence is not "0%"
+        if cause == "cache":
+            # Some misses received half the prompt's KV by transfer: the GenAI key counts it
+            # (50%), the prefix-cache share does not (0%).
+            attrs.update(_provenance(n_in, 0, n_in // 2 * (i % 2)) if is_slow else _provenance(n_in, n_in * 19 // 20))
+        elif cached and rng.random() < 0.5:  # half report it: absence is not "0%"
             attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = rng.choice([0, n_in // 2, n_in])
         trace = f"{i + 1:032x}"
         start, prefill = i * 50.0, 500.0 if is_slow else 10.0
@@ -76,6 +93,22 @@ def test_the_attribute_that_fully_explains_the_slow_cohort_ranks_first() -> None
     assert ("lora", "b", SLOW, 0, 1.0, None) == (top.feature, top.value, top.selected, top.other, top.effect, top.lift)
     assert all(f.effect < 1.0 for f in result.factors[1:])
     assert "cached" not in result.absent and {"cached"} & {f.feature for f in result.factors}
+
+
+def test_a_prefix_cache_miss_that_explains_the_slow_cohort_ranks_first() -> None:
+    """The slow 20% are exactly the prefix-cache misses: cached=0% ranks first with effect
+    +100 points. The share is the llm.prompt_tokens.* split (KV received by transfer is not
+    a cache hit), and the adapter (llm.request.lora) is ranked too, as the noise it is here."""
+    result = _compare(_fleet(cause="cache"), "ttft>p80")
+    top = result.factors[0]
+    assert ("cached", "0%", SLOW, 0, 1.0) == (top.feature, top.value, top.selected, top.other, top.effect)
+    assert ("cached", ">=90%", REQUESTS - SLOW, 0) == next(
+        (f.feature, f.value, f.selected, f.other) for f in _compare(_fleet(cause="cache"), "ttft<=p80").factors
+        if f.feature == "cached"
+    )
+    lora = {f.value: f for f in result.factors if f.feature == "lora"}
+    assert lora and all(abs(f.effect) < 1.0 for f in lora.values())
+    assert SLOW == sum(f.selected for f in lora.values())
 
 
 def test_a_missing_cached_token_attribute_is_absent_not_zero() -> None:

@@ -7,11 +7,12 @@ request is described by categorical *features*::
 
     prompt        input-token bucket (powers of two: "513-1024")
     cached        share of the prompt served from the prefix cache ("0%", "1-50%", "50-90%",
-                  ">=90%"); requests without the attribute have no value (not "0%")
+                  ">=90%"; prefix_cache.cached_share); requests that do not report it have
+                  no value (not "0%")
     preempted     "yes" / "no" (llm.preemptions)
     batch@arrival the engine's batch size at the step running when the request arrived (bucket)
     waiting@arrival  requests waiting at that step (bucket)
-    engine, model, lora, service
+    engine, model, lora (llm.request.lora), service
 
 A value's *effect* is its share in the selection minus its share in the other cohort
 (percentage points; 1.0 means every selected request has it and no other does); *lift*
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 
 from llmtrace import semconv as sc
 from llmtrace.analysis.model import RequestView, TraceSet, finite_number
+from llmtrace.analysis.prefix_cache import cached_share
 from llmtrace.analysis.selection import Selection, SelectionError, resolve
 
 #: A value must reach this many selected requests to be ranked (one odd request is noise),
@@ -40,8 +42,6 @@ from llmtrace.analysis.selection import Selection, SelectionError, resolve
 MIN_COUNT = 2
 #: A phase or step this much longer on average (mean per request) is reported as longer.
 LONGER_RATIO = 1.2
-#: Cached-token attributes, the GenAI convention's first.
-_CACHED_KEYS = (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, sc.LLM_PROMPT_TOKENS_CACHED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,15 +92,10 @@ def _bucket_pow2(n: float) -> str:
     return str(hi) if lo >= hi else f"{lo}-{hi}"
 
 
-def _cached_share(rv: RequestView) -> str | None:
-    cached = None
-    for key in _CACHED_KEYS:
-        cached = rv.num(key)
-        if cached is not None:
-            break
-    if cached is None or not rv.input_tokens:
+def _cached_bucket(rv: RequestView) -> str | None:
+    share = cached_share(rv)
+    if share is None:
         return None
-    share = cached / rv.input_tokens
     if share <= 0:
         return "0%"
     if share < 0.5:
@@ -148,7 +143,7 @@ def features(rv: RequestView, index: _EngineIndex) -> dict[str, str]:
     out: dict[str, str] = {}
     if rv.input_tokens is not None:
         out["prompt"] = _bucket_pow2(rv.input_tokens)
-    cached = _cached_share(rv)
+    cached = _cached_bucket(rv)
     if cached is not None:
         out["cached"] = cached
     pre = rv.num(sc.LLM_PREEMPTIONS)
