@@ -224,6 +224,36 @@ def test_cli_cohorts_write_terminal_json_and_html(
     assert "<td>lora</td><td>b</td>" in html and "default-src 'none'" in html
 
 
+def _as_service(spans: list[Span], service: str, engine: str) -> list[Span]:
+    """The same fleet as another service on its own engine, with trace ids of its own."""
+
+    def trace(tid: str) -> str:
+        return "b" + tid[1:]
+
+    out = []
+    for sp in spans:
+        attrs = {**sp.attributes, sc.LLM_ENGINE_ID: engine} if sc.LLM_ENGINE_ID in sp.attributes else sp.attributes
+        links = tuple(link._replace(trace_id=trace(link.trace_id)) for link in sp.links)
+        out.append(sp._replace(service=service, trace_id=trace(sp.trace_id), attributes=attrs, links=links))
+    return out
+
+
+def test_cli_two_services_in_two_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two sources read together, one cohort per service: every request of api-a against
+    every one of api-b, and the engine each service runs ranks first in both directions."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_spans(a, _as_service(_fleet(), "api-a", "dp0"))
+    write_spans(b, _as_service(_fleet(seed=4), "api-b", "dp1"))
+    out = tmp_path / "c.json"
+    argv = ["compare", str(a), str(b), "--where", "service=api-a", "--where", "service=api-b", "-q"]
+    assert 0 == main([*argv, "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert (REQUESTS, REQUESTS, "service=api-b") == (doc["selected"], doc["other_count"], doc["other"])
+    top = {(f["feature"], f["value"]): (f["selected"], f["other"], f["effect"]) for f in doc["factors"][:2]}
+    assert {("engine", "dp0"): (REQUESTS, 0, 1.0), ("service", "api-a"): (REQUESTS, 0, 1.0)} == top
+    assert "" == capsys.readouterr().out
+
+
 def test_cli_bad_selection_is_one_line_exit_2(fleet_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert 2 == main(["compare", str(fleet_file), "--where", "ttft>>1s", "-q"])
     err = capsys.readouterr().err.strip().splitlines()

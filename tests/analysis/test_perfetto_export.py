@@ -186,6 +186,42 @@ def test_children_whose_parent_never_comes_go_to_their_trace_track(monkeypatch: 
     assert {perfetto.track_id(c.trace_id) for c in children} == {e["tid"] for e in slices}
 
 
+def _export_peak_bytes(tmp_path: Path, duration_s: float) -> tuple[int, int, int]:
+    """(spans, peak bytes Python allocated during the export, output bytes) for a simulated
+    run of ``duration_s`` (after one untraced export, so imports and caches are warm)."""
+    import tracemalloc
+
+    docs = list(simulate(SimConfig(duration_s=duration_s, arrival_rate=20, seed=1)))
+    src, out = tmp_path / f"sim{duration_s}.jsonl.gz", tmp_path / f"sim{duration_s}.json"
+    _write(src, docs)
+    assert 0 == main(["export", str(src), "-o", str(out), "-q"])
+    tracemalloc.start()
+    try:
+        assert 0 == main(["export", str(src), "-o", str(out), "-q"])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return sum(_source(docs)["names"].values()), peak, out.stat().st_size
+
+
+def test_memory_held_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streaming in bounded memory: with the writer's caches and the decoder's string cache
+    made small enough to fill early, four times the spans take no more memory at peak, and
+    the output written is many times that peak (it is never held)."""
+    from llmtrace.analysis import perfetto
+    from llmtrace.cli import _export
+
+    monkeypatch.setattr(perfetto, "RECENT_PARENTS", 256)
+    monkeypatch.setattr(perfetto, "PENDING_LIMIT", 256)
+    monkeypatch.setattr(perfetto, "TRACK_CACHE", 64)
+    monkeypatch.setattr(_export, "_INTERN_LIMIT", 256)
+    small_spans, small_peak, _ = _export_peak_bytes(tmp_path, 5)
+    large_spans, large_peak, large_out = _export_peak_bytes(tmp_path, 20)
+    assert large_spans > 3 * small_spans
+    assert large_peak < 1.25 * small_peak
+    assert large_out > 4 * large_peak
+
+
 def test_export_of_a_missing_file_is_one_line_and_leaves_no_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
