@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from llmtrace import semconv as sc
+from llmtrace.analysis import perfetto
 from llmtrace.analysis.synthetic import SimConfig, simulate
 from llmtrace.cli import main
 from tests.helpers import perfetto_tp
@@ -168,10 +169,49 @@ def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Pa
     assert [] == errors
 
 
+_FIXTURE = Path(__file__).parent.parent / "fixtures" / "analysis" / "reference_server.jsonl.gz"
+
+
+@pytest.mark.parametrize("order", ["as recorded", "reversed"])
+def test_a_real_server_run_with_aborted_requests_reads_back_whole(tmp_path: Path, order: str) -> None:
+    """The reference server's recorded run (tests/fixtures; its metric lines left out) has two client aborts whose last
+    decode step ended after the request: each phase is drawn inside its request (clipped,
+    or the request drawn longer when the phase is read first), so the trace processor
+    keeps every span as a slice and every link as a flow, and says so in the args."""
+    with gzip.open(_FIXTURE, "rt", encoding="utf-8") as fh:
+        docs = [doc for line in fh if line.strip() and "resourceSpans" in (doc := json.loads(line))]
+    if order == "reversed":
+        for doc in docs:
+            for rs in doc["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    ss["spans"].reverse()
+        docs.reverse()
+    want = _source(docs)
+    with perfetto_tp.trace_processor(_export(tmp_path, docs)) as tp:
+        got = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
+        flows = next(iter(tp.query("select count(*) as n from flow"))).n
+        adjusted = sorted(
+            (r.name, r.clipped is not None and r.clipped > 0, r.extended is not None and r.extended > 0)
+            for r in tp.query(
+                f"select name, extract_arg(arg_set_id, 'args.{perfetto.CLIPPED_ARG}') as clipped, "
+                f"extract_arg(arg_set_id, 'args.{perfetto.EXTENDED_ARG}') as extended from slice "
+                "where clipped is not null or extended is not null"
+            )
+        )
+        errors = [
+            r.name for r in tp.query("select name from stats where severity in ('error', 'data_loss') and value > 0")
+        ]
+    assert want["names"] == got
+    assert len(want["links"]) == flows
+    # One abort's decode is read after its request (clipped), the other's before (its request
+    # drawn longer); reversing the input swaps which is which.
+    assert [(sc.SPAN_DECODE, True, False), (sc.SPAN_REQUEST, False, True)] == adjusted
+    assert [] == errors
+
+
 def test_children_whose_parent_never_comes_go_to_their_trace_track(monkeypatch: pytest.MonkeyPatch) -> None:
     """Waiting children are bounded: past the limit the oldest, and at the end the rest,
     go to their trace's track, counted; none is lost."""
-    from llmtrace.analysis import perfetto
     from tests.analysis.builders import span
 
     monkeypatch.setattr(perfetto, "PENDING_LIMIT", 2)
@@ -208,7 +248,6 @@ def test_memory_held_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: p
     """Streaming in bounded memory: with the writer's caches and the decoder's string cache
     made small enough to fill early, four times the spans take no more memory at peak, and
     the output written is many times that peak (it is never held)."""
-    from llmtrace.analysis import perfetto
     from llmtrace.cli import _export
 
     monkeypatch.setattr(perfetto, "RECENT_PARENTS", 256)

@@ -16,6 +16,11 @@ The output opens in ui.perfetto.dev and chrome://tracing (JSON object format, co
     flow arrows                            each request -> every llm.step that served it (the
                                            step's span links; drawn from the request's phase)
 
+A phase that outlasts its request (an aborted request's last decode step) is drawn inside
+it: clipped to the request's end when the request was read first, or the request drawn to
+the phase's end when the phase was; :data:`CLIPPED_ARG` / :data:`EXTENDED_ARG` on the slice
+say by how much, its span's times are unchanged in the other args.
+
 Memory does not grow with the input: spans are written as they are read. The only state
 is bounded — process/engine track ids (a handful), the recent engine-side spans that
 children look their track up by (:data:`RECENT_PARENTS`), and children waiting for a
@@ -49,6 +54,11 @@ TRACK_CACHE = 4_096
 #: The time origin is this long before the first span read, so that the spans read later
 #: but starting earlier (input is not sorted) still get positive timestamps.
 ORIGIN_LEAD_S = 3600
+#: Slice args that say a phase was drawn shorter, or its request longer, than the span: a
+#: thread track needs every child inside its parent (Perfetto drops a child that outlasts
+#: it), and the engine may still finish a decode step after the client aborted the request.
+CLIPPED_ARG = "llmtrace.export.clipped_ns"
+EXTENDED_ARG = "llmtrace.export.extended_ns"
 #: The process that holds one track per request.
 REQUESTS_PID = 1
 _REQUESTS_NAME = "llm requests"
@@ -110,6 +120,8 @@ class ExportStats:
     engines: int
     #: Spans placed on their trace's track because their parent never arrived in time.
     unparented: int
+    #: Phases clipped to their request, or requests drawn to their last phase's end.
+    adjusted: int = 0
 
 
 class ChromeTraceWriter:
@@ -133,7 +145,11 @@ class ChromeTraceWriter:
         self._origin: int | None = None
         self._engine_names: dict[int, str] = {}
         self._request_tids: dict[str, int] = {}
-        self.spans = self.flows = self.counters = self.unparented = 0
+        # Request span id -> its end, and the other way: parent id -> the latest end of the
+        # phases read before it (both emptied when full: a best-effort, bounded memory).
+        self._request_ends: dict[str, int] = {}
+        self._phase_ends: dict[str, int] = {}
+        self.spans = self.flows = self.counters = self.unparented = self.adjusted = 0
         # Events are collected per batch and written with one call; every event after the
         # first (written here) is prefixed with its separator, so there is no "first?" test.
         self._buf: list[str] = []
@@ -288,10 +304,17 @@ class ChromeTraceWriter:
             tid = track_id(span.span_id)
             rid = attrs.get(sc.LLM_REQUEST_ID) or attrs.get(sc.VLLM_REQUEST_ID) or span.span_id[:8]
             self._name_track(REQUESTS_PID, tid, f"req {rid}")
+            later = self._phase_ends.pop(span.span_id, None)
+            if later is not None and later > span.end_ns:
+                span = self._adjusted(span, later, EXTENDED_ARG)
+            ends = self._request_ends
+            if len(ends) >= TRACK_CACHE:
+                ends.clear()
+            ends[span.span_id] = span.end_ns
             self._slice(span, REQUESTS_PID, tid)
             return
         if name in _PHASES and span.parent_id is not None:
-            self._slice(span, REQUESTS_PID, track_id(span.parent_id))
+            self._slice(self._phase_within(span, span.parent_id), REQUESTS_PID, track_id(span.parent_id))
             return
         engine_id = attrs.get(sc.LLM_ENGINE_ID)
         if engine_id is not None:
@@ -316,6 +339,23 @@ class ChromeTraceWriter:
                 self._wait_for(parent, span)
                 return
         self._place_on(span, self._trace_track(span))
+
+    def _phase_within(self, phase: Span, parent: str) -> Span:
+        """``phase``, clipped to its request's end when the request was read and ended
+        first; otherwise its end is remembered for the request to reach."""
+        end = self._request_ends.get(parent)
+        if end is not None:
+            return self._adjusted(phase, end, CLIPPED_ARG) if phase.end_ns > end else phase
+        ends = self._phase_ends
+        if phase.end_ns > ends.get(parent, 0):
+            if len(ends) >= TRACK_CACHE:
+                ends.clear()
+            ends[parent] = phase.end_ns
+        return phase
+
+    def _adjusted(self, span: Span, end_ns: int, arg: str) -> Span:
+        self.adjusted += 1
+        return span._replace(end_ns=end_ns, attributes={**span.attributes, arg: abs(span.end_ns - end_ns)})
 
     def _wait_for(self, parent: str, span: Span) -> None:
         waiting = self._pending.get(parent)
@@ -433,6 +473,7 @@ class ChromeTraceWriter:
             processes=len(self._processes) + 1,
             engines=sum(1 for _, _, windows in self._engines if not windows),
             unparented=self.unparented,
+            adjusted=self.adjusted,
         )
 
 

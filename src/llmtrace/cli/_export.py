@@ -113,6 +113,11 @@ def run_export(args: argparse.Namespace) -> int:
                 if stats.unparented
                 else ""
             )
+            + (
+                f"; {stats.adjusted} request phases outlasted their request (an abort): drawn inside it"
+                if stats.adjusted
+                else ""
+            )
             + "\nopen it in https://ui.perfetto.dev or chrome://tracing",
             file=sys.stderr,
         )
