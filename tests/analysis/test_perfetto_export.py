@@ -78,6 +78,16 @@ def _two_services() -> list[dict[str, Any]]:
     return a + b
 
 
+def _reversed(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The same documents, last first and each one's spans last first (every child before
+    its parent, as an exporter batch ends them)."""
+    for doc in docs:
+        for rs in doc["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                ss["spans"].reverse()
+    return docs[::-1]
+
+
 _FLOW_PAIRS = """
 select extract_arg(si.arg_set_id, 'args.span_id') as step,
        (select extract_arg(r.arg_set_id, 'args.span_id') from slice r
@@ -142,12 +152,7 @@ def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) 
 def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Path) -> None:
     """Spans in reverse order (every child before its parent, as an exporter batch ends
     them) land on the same tracks: same slices and flows, and no nesting error."""
-    docs = _two_services()
-    for doc in docs:
-        for rs in doc["resourceSpans"]:
-            for ss in rs["scopeSpans"]:
-                ss["spans"].reverse()
-    docs.reverse()
+    docs = _reversed(_two_services())
     want = _source(docs)
     with perfetto_tp.trace_processor(_export(tmp_path, docs, "--no-args")) as tp:
         got = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
@@ -181,11 +186,7 @@ def test_a_real_server_run_with_aborted_requests_reads_back_whole(tmp_path: Path
     with gzip.open(_FIXTURE, "rt", encoding="utf-8") as fh:
         docs = [doc for line in fh if line.strip() and "resourceSpans" in (doc := json.loads(line))]
     if order == "reversed":
-        for doc in docs:
-            for rs in doc["resourceSpans"]:
-                for ss in rs["scopeSpans"]:
-                    ss["spans"].reverse()
-        docs.reverse()
+        docs = _reversed(docs)
     want = _source(docs)
     with perfetto_tp.trace_processor(_export(tmp_path, docs)) as tp:
         got = Counter({r.name: r.n for r in tp.query("select name, count(*) as n from slice group by name")})
