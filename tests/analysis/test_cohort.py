@@ -37,20 +37,23 @@ def _fleet(*, cached: bool = True, seed: int = 3, cause: str = "lora") -> list[S
     (500 ms prefill, and a detokenize phase the others lack): with ``cause="lora"`` those on
     LoRA adapter "b", while prompt length, model and cached share (the GenAI key alone, on
     half the requests) are drawn at random; with ``cause="cache"`` those whose prompt the
-    prefix cache missed (every other request has >= 90% cached), the adapter drawn at random.
-    ``cached=False``: no request carries a cached-token count."""
+    prefix cache missed (every other request has >= 90% cached), the adapter drawn at random;
+    with ``"prompt"``, ``"preempted"``, ``"model"``, ``"batch"`` or ``"waiting"`` those with a
+    4000-token prompt, a preemption, model "m-huge", or arriving at a step with a batch of 64
+    or 9 requests waiting. ``cached=False``: no request carries a cached-token count."""
     rng = random.Random(seed)
     slow = set(rng.sample(range(REQUESTS), SLOW))
     spans: list[Span] = []
     lifetimes: list[tuple[float, float, str]] = []
     for i in range(REQUESTS):
         is_slow = i in slow
-        n_in = rng.choice([100, 300, 700, 1500])
+        n_in = 4000 if is_slow and cause == "prompt" else rng.choice([100, 300, 700, 1500])
         lora = ("b" if is_slow else "a") if cause == "lora" else rng.choice("ab")
+        model = "m-huge" if is_slow and cause == "model" else rng.choice(["m-small", "m-large"])
         attrs: dict[str, object] = {
-            sc.GEN_AI_REQUEST_MODEL: rng.choice(["m-small", "m-large"]),
+            sc.GEN_AI_REQUEST_MODEL: model,
             sc.LLM_REQUEST_LORA: lora,
-            sc.LLM_PREEMPTIONS: 0,
+            sc.LLM_PREEMPTIONS: int(is_slow and cause == "preempted"),
         }
         if cause == "cache":
             # Some misses received half the prompt's KV by transfer: the GenAI key counts it
@@ -74,7 +77,12 @@ def _fleet(*, cached: bool = True, seed: int = 3, cause: str = "lora") -> list[S
             continue
         t = (sp.start_ns - window[0].start_ns) / 1e6
         links = tuple(Link(f"{i + 1:032x}", rid) for i, (a, b, rid) in enumerate(lifetimes) if a <= t <= b)
-        batch = {sc.LLM_BATCH_SIZE: len(links), sc.LLM_QUEUE_WAITING: 0}
+        # Request i arrives at i * 50 ms, as the step starting then begins.
+        slow_arrival = t % 50 == 0 and int(t // 50) in slow
+        batch = {
+            sc.LLM_BATCH_SIZE: 64 if slow_arrival and cause == "batch" else len(links),
+            sc.LLM_QUEUE_WAITING: 9 if slow_arrival and cause == "waiting" else 0,
+        }
         linked.append(sp._replace(links=links, attributes={**sp.attributes, **batch}))
     return spans + linked
 
@@ -93,6 +101,22 @@ def test_the_attribute_that_fully_explains_the_slow_cohort_ranks_first() -> None
     assert ("lora", "b", SLOW, 0, 1.0, None) == (top.feature, top.value, top.selected, top.other, top.effect, top.lift)
     assert all(f.effect < 1.0 for f in result.factors[1:])
     assert "cached" not in result.absent and {"cached"} & {f.feature for f in result.factors}
+
+
+@pytest.mark.parametrize(
+    ("cause", "feature", "value"),
+    [
+        ("prompt", "prompt", "2049-4096"),
+        ("preempted", "preempted", "yes"),
+        ("model", "model", "m-huge"),
+        ("batch", "batch@arrival", "33-64"),
+        ("waiting", "waiting@arrival", "9-16"),
+    ],
+)
+def test_each_feature_that_fully_explains_the_slow_cohort_ranks_first(cause: str, feature: str, value: str) -> None:
+    """Whichever attribute alone tells the slow requests apart ranks first, effect +100 pt."""
+    top = _compare(_fleet(cause=cause), "ttft>p80").factors[0]
+    assert (feature, value, SLOW, 0, 1.0) == (top.feature, top.value, top.selected, top.other, top.effect)
 
 
 def test_a_prefix_cache_miss_that_explains_the_slow_cohort_ranks_first() -> None:
