@@ -302,3 +302,19 @@ def test_cli_regression_gate_still_needs_two_inputs(fleet_file: Path, capsys: py
     assert 2 == main(["compare", str(fleet_file), str(fleet_file), "--html", "x.html", "-q"])
     assert "--html applies to cohorts" in capsys.readouterr().err
     assert 0 == main(["compare", str(fleet_file), str(fleet_file), "-q"])
+
+
+@pytest.mark.browser
+def test_cli_cohort_page_renders_in_a_browser(fleet_file: Path, tmp_path: Path) -> None:
+    """The --html page in headless Chromium: no console line (a CSP violation would log
+    one), both tables in the DOM with a row per factor and per span name."""
+    from tests.analysis.test_html_report import _chromium, _run
+
+    page, doc = tmp_path / "c.html", tmp_path / "c.json"
+    assert 0 == main(["compare", str(fleet_file), "--where", "ttft>p80", "--html", str(page), "--json", str(doc), "-q"])
+    proc = _run(_chromium(), tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert [] == [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    result = json.loads(doc.read_text())
+    assert 2 == proc.stdout.count("<table>")
+    assert len(result["factors"]) + len(result["structure"]) + 2 == proc.stdout.count("<tr>")
+    assert "<td>lora</td><td>b</td>" in proc.stdout
