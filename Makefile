@@ -25,11 +25,11 @@ test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to
 demo: $(if $(LLMTRACE_SETUP_DONE),,setup-demo)  ## reference server under load, traced, then the analysis
 	$(VENV)/bin/llmtrace demo
 
-# The inner loop: the venv only (no Go stack, no chromium).
+# The inner loop: the venv only (no Go stack, no chromium, no trace processor).
 VENV_ONLY := $(if $(LLMTRACE_SETUP_DONE),,setup-venv)
-FAST_TESTS := not stack and not vllm and not browser and not slow
+FAST_TESTS := not stack and not vllm and not browser and not trace_processor and not slow
 
-test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser or the slow scenarios (markers: pyproject.toml)
+test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser, the trace processor or the slow scenarios (markers: pyproject.toml)
 	$(PYTHON) -m pytest -q -m "$(FAST_TESTS)"
 
 lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell
