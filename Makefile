@@ -1,6 +1,6 @@
 # The README's commands. Each installs what it needs first (`.ci/run setup`: a cached venv
 # keyed on pyproject.toml, Jaeger v2 and the gateway collector built from the Go module
-# proxy, chromium); with everything cached that takes a few seconds.
+# proxy, chromium, Perfetto's trace processor); with everything cached that takes a few seconds.
 LLMTRACE_CACHE ?= $(HOME)/.cache/llmtrace
 export LLMTRACE_CACHE
 VENV ?= $(LLMTRACE_CACHE)/venv
