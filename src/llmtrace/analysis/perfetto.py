@@ -19,7 +19,7 @@ The output opens in ui.perfetto.dev and chrome://tracing (JSON object format, co
 A phase that outlasts its request (an aborted request's last decode step) is drawn inside
 it: clipped to the request's end when the request was read first, or the request drawn to
 the phase's end when the phase was; :data:`CLIPPED_ARG` / :data:`EXTENDED_ARG` on the slice
-say by how much, its span's times are unchanged in the other args.
+say by how many nanoseconds.
 
 Memory does not grow with the input: spans are written as they are read. The only state
 is bounded — process/engine track ids (a handful), the recent engine-side spans that
