@@ -54,6 +54,9 @@ LLM_SPEC_ACCEPTED_TOKENS: Final = "llm.spec_decode.accepted_tokens"
 LLM_SPEC_ACCEPTANCE_RATE: Final = "llm.spec_decode.acceptance_rate"
 #: The LoRA adapter that served the request (no GenAI convention names one; llm.* is ours).
 LLM_REQUEST_LORA: Final = "llm.request.lora"
+#: The model that answered, where it differs from the one asked for (the cohort comparison
+#: falls back to it when gen_ai.request.model is absent).
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 # vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
 # its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"

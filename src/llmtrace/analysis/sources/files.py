@@ -139,13 +139,21 @@ def iter_file_spans(path: str, *, stats: ReadStats | None = None, progress: Prog
 
 
 def iter_file_batches(
-    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None, table: EngineTable | None = None
+    path: str,
+    *,
+    stats: ReadStats | None = None,
+    progress: ProgressFn | None = None,
+    table: EngineTable | None = None,
+    intern: Interner | None = None,
 ) -> Iterator[list[Span]]:
     """Stream a trace file one document (one exporter batch) at a time; with ``table`` (and
     llmtrace-native in use), OTLP lines leave their engine-side spans in it instead (the
-    caller keeps ``table.python_seen`` up to date with the spans it has taken)."""
+    caller keeps ``table.python_seen`` up to date with the spans it has taken).
+
+    ``intern``: the string cache to use; a streaming reader that holds no spans passes its
+    own and empties it now and then (it otherwise grows with every trace id read)."""
     stats = stats if stats is not None else ReadStats()
-    intern = Interner()
+    intern = intern if intern is not None else Interner()
     try:
         stream, raw, size = _open(path)
     except OSError as exc:
