@@ -29,58 +29,29 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import le, lt
 from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
-from llmtrace.analysis._native import native
+from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis.engine_table import CompiledRows
 from llmtrace.analysis.intervals import Interval, merge
-from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
+from llmtrace.analysis.model import (
+    GAP_CAUSES,
+    HOST_CAUSE_INDEX,
+    EngineView,
+    Gap,
+    RequestView,
+    Span,
+    StepView,
+    WindowView,
+)
 from llmtrace.analysis.stats import pcts
 
-
-def _compiled_classify_gaps() -> Any:
-    """The compiled sweeps of :func:`iter_gaps` (native/src/gpu_idle.rs), or ``None`` when
-    llmtrace-native is not in use. This module's Python functions are the reference."""
-    return native.classify_gaps if native is not None else None
-
-
-_native_classify_gaps = _compiled_classify_gaps()
-
-CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
-_STEP_HOST_CAUSE = {
-    sc.SPAN_SCHEDULE: "schedule",
-    sc.SPAN_POSTPROCESS: "postprocess",
-    sc.SPAN_SAMPLE: "sample",
-}
+CAUSES = GAP_CAUSES
 #: How many of the largest gaps a result keeps for the reports (the totals count all gaps).
 TOP_GAPS = 20
-
-
-class Gap(NamedTuple):
-    """One idle interval of one engine, with its cause split and work-waiting time.
-
-    A named tuple, not a dataclass: there is one per step, and a frozen dataclass's
-    ``__init__`` would cost more than classifying the gap.
-    """
-
-    engine_id: str
-    start_ns: int
-    end_ns: int
-    causes: tuple[tuple[str, int], ...]  # (cause, ns), only non-zero causes
-    work_waiting_ns: int
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    @property
-    def main_cause(self) -> str:
-        return max(self.causes, key=lambda c: c[1])[0] if self.causes else "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,186 +241,16 @@ def _batch_ids(st: StepView) -> Sequence[Any] | None:
     return None
 
 
-#: Disjoint host segments, sorted: starts, ends, cause indexes into :data:`CAUSES`.
-Painted = tuple[list[int], list[int], list[int]]
-_CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
-_HOST_CAUSE_INDEX = {name: _CAUSE_INDEX[cause] for name, cause in _STEP_HOST_CAUSE.items()}
-_GC = _CAUSE_INDEX["gc"]
-_TOKENIZE = _CAUSE_INDEX["tokenize"]
+_GC = CAUSES.index("gc")
+_TOKENIZE = CAUSES.index("tokenize")
 #: Cause index by the engine table's host-span name code - 2 (schedule, forward, sample,
-#: postprocess; native/src/table.rs ENGINE_NAMES); forward is never a host span.
+#: postprocess: ``_kernels.ENGINE_SPANS``); forward is never a host span.
 _TABLE_HOST_CAUSES = (
-    _HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
+    HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
     0,
-    _HOST_CAUSE_INDEX[sc.SPAN_SAMPLE],
-    _HOST_CAUSE_INDEX[sc.SPAN_POSTPROCESS],
+    HOST_CAUSE_INDEX[sc.SPAN_SAMPLE],
+    HOST_CAUSE_INDEX[sc.SPAN_POSTPROCESS],
 )
-
-
-def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> Painted:
-    """What the host was doing, as disjoint sorted segments (starts, ends, cause index).
-
-    Where causes overlap the one earliest in :data:`CAUSES` wins (a gc pause inside a
-    postprocess span is gc time). Segments of one cause may touch; only their coverage
-    matters. Step host spans come from one engine loop, so they are nearly always sorted
-    and disjoint already: they are taken as they are, and only the few gc and tokenize
-    intervals (with the host spans they overlap) go through the priority sweep.
-    """
-    hosts = [h for st in engine.steps for h in st.host]
-    starts = [h.start_ns for h in hosts]
-    ends = [h.end_ns for h in hosts]
-    causes = [_HOST_CAUSE_INDEX[h.name] for h in hosts]
-    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
-    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
-    if not all(map(le, starts, ends)) or not all(map(le, ends, starts[1:])):
-        return _sweep(list(zip(starts, ends, causes, strict=True)) + extras)
-    if not extras:
-        return starts, ends, causes
-    return _paint_around(starts, ends, causes, sorted(extras))
-
-
-def _paint_around(starts: list[int], ends: list[int], causes: list[int], extras: list[tuple[int, int, int]]) -> Painted:
-    """Disjoint host segments with sorted ``extras`` painted in: host segments no extra
-    touches are copied; each cluster of extras is swept with the host segments under it."""
-    out_s: list[int] = []
-    out_e: list[int] = []
-    out_c: list[int] = []
-    done = 0  # host segments before this index are emitted
-    i, n = 0, len(extras)
-    while i < n:
-        lo, hi, _ = extras[i]
-        first = bisect_right(ends, lo, done)
-        cluster = [extras[i]]
-        i += 1
-        while True:
-            last = bisect_left(starts, hi, first)
-            if last > first and ends[last - 1] > hi:
-                hi = ends[last - 1]
-            if i < n and extras[i][0] < hi:
-                cluster.append(extras[i])
-                hi = max(hi, extras[i][1])
-                i += 1
-                continue
-            break
-        out_s += starts[done:first]
-        out_e += ends[done:first]
-        out_c += causes[done:first]
-        s, e, c = _sweep(list(zip(starts[first:last], ends[first:last], causes[first:last], strict=True)) + cluster)
-        out_s += s
-        out_e += e
-        out_c += c
-        done = last
-    out_s += starts[done:]
-    out_e += ends[done:]
-    out_c += causes[done:]
-    return out_s, out_e, out_c
-
-
-def _sweep(intervals: list[tuple[int, int, int]]) -> Painted:
-    """Priority painting of overlapping ``(start, end, cause)`` intervals in one sweep."""
-    # Each event is one int, ``pos << 4 | is_start << 3 | cause``: ints sort in C several
-    # times faster than (pos, delta, cause) tuples, in exactly the same order (ends before
-    # starts at the same instant, then by cause).
-    events = [s << 4 | 8 | c for s, _, c in intervals]
-    events += [e << 4 | c for _, e, c in intervals]
-    events.sort()
-    # counts per cause, and a bitmask of the causes active now: the lowest set bit is the
-    # highest-priority activity, found without scanning the counts at every event.
-    counts = [0] * len(CAUSES)
-    mask = 0
-    starts: list[int] = []
-    ends: list[int] = []
-    causes: list[int] = []
-    prev = events[0] >> 4 if events else 0
-    for ev in events:
-        pos = ev >> 4
-        if pos > prev and mask:
-            active = (mask & -mask).bit_length() - 1
-            if causes and causes[-1] == active and ends[-1] == prev:
-                ends[-1] = pos
-            else:
-                starts.append(prev)
-                ends.append(pos)
-                causes.append(active)
-        ci = ev & 7
-        n = counts[ci] + (1 if ev & 8 else -1)
-        counts[ci] = n
-        if n > 0:
-            mask |= 1 << ci
-        else:
-            mask &= ~(1 << ci)
-        prev = pos
-    return starts, ends, causes
-
-
-def _busy(engine: EngineView) -> list[Interval]:
-    """The union of the engine's forward intervals, sorted."""
-    starts = [f.start_ns for st in engine.steps for f in st.forwards]
-    ends = [f.end_ns for st in engine.steps for f in st.forwards]
-    # One engine loop runs its forwards one after another: sorted, disjoint and non-empty,
-    # they are their own union (forwards that touch stay apart, which adds no gap).
-    if all(map(lt, starts, ends)) and all(map(le, ends, starts[1:])):
-        return list(zip(starts, ends, strict=True))
-    return merge(zip(starts, ends, strict=True))
-
-
-def _segment_gaps(segs: Sequence[Interval], busy: Sequence[Interval]) -> list[Interval]:
-    """Gaps of every segment in the merged ``busy`` list, one pass over both sorted lists."""
-    out: list[Interval] = []
-    j = 0
-    for a, b in segs:
-        while j < len(busy) and busy[j][1] <= a:
-            j += 1
-        k = j
-        cur = a
-        while k < len(busy) and busy[k][0] < b:
-            s, e = busy[k]
-            if s > cur:
-                out.append((cur, s))
-            cur = max(cur, e)
-            k += 1
-        if cur < b:
-            out.append((cur, b))
-    return out
-
-
-def _classify_all(
-    engine_id: str,
-    raw: Sequence[Interval],
-    painted: Painted,
-    work: Sequence[Interval],
-) -> list[Gap]:
-    """Cause split and work-waiting time of sorted, disjoint gaps (two-pointer sweeps)."""
-    starts, ends, causes = painted
-    n, nw = len(starts), len(work)
-    out = []
-    j = w = 0
-    names = CAUSES
-    other = len(CAUSES) - 1
-    for a, b in raw:
-        while j < n and ends[j] <= a:
-            j += 1
-        k = j
-        if k < n and starts[k] < b:
-            per = [0] * len(names)
-            unexplained = b - a  # "other": what no host span explains
-            while k < n and starts[k] < b:
-                s, e = starts[k], ends[k]
-                ov = (e if e < b else b) - (s if s > a else a)
-                if ov > 0:
-                    per[causes[k]] += ov
-                    unexplained -= ov
-                k += 1
-            per[other] = unexplained
-            split = tuple(compress(zip(names, per, strict=True), per))  # the non-zero causes, in C
-        else:
-            split = (("other", b - a),) if b != a else ()
-        while w < nw and work[w][1] <= a:
-            w += 1
-        # Merged work intervals: usually one covers the whole gap.
-        ww = b - a if w < nw and work[w][0] <= a and work[w][1] >= b else _covered(a, b, work, w)
-        out.append(_new_gap(Gap, (engine_id, a, b, split, ww)))
-    return out
 
 
 def _covered(a: int, b: int, intervals: Sequence[Interval], k: int) -> int:
@@ -464,9 +265,6 @@ def _covered(a: int, b: int, intervals: Sequence[Interval], k: int) -> int:
             covered += ov
         k += 1
     return covered
-
-
-_new_gap = tuple.__new__
 
 
 def _overlap(gaps: Sequence[Interval], intervals: Sequence[Interval]) -> int:
@@ -538,20 +336,9 @@ def iter_gaps(
             return segs, gap_set.rows(0, len(gap_set), engine.engine_id, Gap, CAUSES)
         except OverflowError:  # a request time beyond int64: the Python sweeps below
             pass
-    if _native_classify_gaps is not None:
-        # The same sweeps compiled: busy union, segment gaps, host painting, classification.
-        forwards = [f for st in engine.steps for f in st.forwards]
-        hosts = [h for st in engine.steps for h in st.host]
-        try:
-            found: list[Gap] = _native_classify_gaps(
-                engine.engine_id, segs, forwards, hosts, _HOST_CAUSE_INDEX, extras, work, Gap, CAUSES
-            )
-            return segs, found
-        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
-            pass
-    busy = _busy(engine)
-    raw = _segment_gaps(segs, busy)
-    return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
+    forwards = [f for st in engine.steps for f in st.forwards]
+    hosts = [h for st in engine.steps for h in st.host]
+    return segs, KERNELS.classify_gaps(engine.engine_id, segs, forwards, hosts, extras, work)
 
 
 class GapTotals(NamedTuple):
