@@ -160,6 +160,7 @@ def main() -> None:
     result["shutdown_ok"] = llmtrace.shutdown(timeout_s=float(os.environ.get("APP_SHUTDOWN_S", "10")))
     result["shutdown_s"] = time.monotonic() - t0
     result["dropped"] = handle.providers.drops.dropped
+    result["spilled"] = handle.providers.drops.spilled
     print(json.dumps(result))
 
 
