@@ -89,6 +89,7 @@ class Outage:
     warm: float  #: the RSS baseline's time: load running, before the failure
     failed: float  #: when the process was killed
     snapshot: dict[str, list[StackSpan]]  #: Jaeger's traces just before the kill
+    snapshot_at: float  #: when that query was sent (on a loaded host it can take seconds)
 
 
 def _outage(stack: OtelStack, server: RefServer, victim: int, service: str) -> Outage:
@@ -96,7 +97,7 @@ def _outage(stack: OtelStack, server: RefServer, victim: int, service: str) -> O
     rss = RssSampler(server)
     with Load(server.url) as load:
         time.sleep(BEFORE_S)
-        warm = time.monotonic()
+        warm = snapshot_at = time.monotonic()
         snapshot = _jaeger(stack, service)
         process = stack.processes[victim]
         process.proc.kill()
@@ -105,7 +106,7 @@ def _outage(stack: OtelStack, server: RefServer, victim: int, service: str) -> O
         stack.processes[victim] = restart(process)
         time.sleep(AFTER_S)
     rss.stop()
-    return Outage(load, rss, warm, failed, snapshot)
+    return Outage(load, rss, warm, failed, snapshot, snapshot_at)
 
 
 def test_collector_sigkill_and_restart_under_load(stack: OtelStack, tmp_path: Path) -> None:
@@ -154,7 +155,8 @@ def test_jaeger_down_behind_a_live_collector(stack: OtelStack, tmp_path: Path) -
     since_kill = [o for o in outage.load.outcomes if o.ended > outage.failed]
     assert since_kill and [] == [o for o in since_kill if not _complete(o, after)]
     # Before the kill: a request's trace leaves the collector ~3 s after it ends (SDK batch delay +
-    # decision_wait), so only those that ended earlier than that are in the snapshot.
-    settled = [o for o in outage.load.outcomes if o.ended < outage.failed - COLLECTOR_LOSS_WINDOW_S]
-    assert settled and [] == [o for o in settled if not _complete(o, outage.snapshot)]
+    # decision_wait), so only those that ended that much before the snapshot's query are in it.
+    settled = [o for o in outage.load.outcomes if o.ended < outage.snapshot_at - COLLECTOR_LOSS_WINDOW_S]
+    not_stored = [round(outage.snapshot_at - o.ended, 2) for o in settled if not _complete(o, outage.snapshot)]
+    assert settled and [] == not_stored, f"{len(not_stored)} of {len(settled)} (seconds before the snapshot)"
     assert outage.rss.growth_kib(outage.warm) < RSS_GROWTH_LIMIT_KIB, outage.rss.samples
