@@ -21,12 +21,14 @@ from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
+from llmtrace.analysis._steps import PythonEngine, StepStats, step_stats
 from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import (
     GAP_CAUSES,
     HOST_CAUSE_INDEX,
     Dominant,
+    EngineView,
     Gap,
     PathItem,
     PathSums,
@@ -223,3 +225,11 @@ class PythonKernels:
     def new_engine_table(self) -> EngineTable | None:
         """None: every span is a Python object."""
         return None
+
+    def engine(self, view: EngineView) -> PythonEngine:
+        """The reference over ``view``'s ``StepView`` objects (those of an engine the
+        compiled table holds are made from it)."""
+        return PythonEngine(view, classify_gaps)
+
+    def step_stats(self, views: Sequence[EngineView]) -> StepStats:
+        return step_stats([s for v in views for s in v.steps])
