@@ -15,6 +15,7 @@ import pytest
 from llmtrace import semconv as sc
 from llmtrace.analysis import analyze, build_traceset, to_json
 from llmtrace.analysis._kernels import KERNELS, PYTHON
+from llmtrace.analysis._steps import GapInputs
 from llmtrace.analysis.intervals import merge
 from llmtrace.analysis.model import GAP_CAUSES, Link, Span, TraceSet
 from llmtrace.analysis.sources import load_spans, new_engine_table
@@ -164,14 +165,20 @@ def _busy_engine(rng: random.Random) -> list[Span]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_engines_read_compiled_and_analyse_the_same(seed: int, tmp_path: Path) -> None:
+def _read_random(seed: int, tmp_path: Path) -> tuple[random.Random, TraceSet, TraceSet]:
+    """A random engine (every other seed a busy one) read both ways, and the generator."""
     rng = random.Random(seed)
     spans = random_engine(rng) if seed % 2 else _busy_engine(rng)
     path = tmp_path / "engine.jsonl"
     write_spans(path, spans, rng)
     compiled, plain = read_both(path)
     assert _compiled(compiled)
+    return rng, compiled, plain
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_engines_read_compiled_and_analyse_the_same(seed: int, tmp_path: Path) -> None:
+    _, compiled, plain = _read_random(seed, tmp_path)
     assert_same(compiled, plain)
 
 
@@ -186,12 +193,7 @@ def _intervals(rng: random.Random, span: tuple[int, int], k: int) -> list[tuple[
 def test_compiled_engine_answers_as_the_python_reference(seed: int, tmp_path: Path) -> None:
     """Every question the analyzers ask about an engine's steps (``KERNELS.engine``), asked
     of the table and of the Python reference over the same engine's steps, random inputs."""
-    rng = random.Random(seed)
-    spans = random_engine(rng) if seed % 2 else _busy_engine(rng)
-    path = tmp_path / "engine.jsonl"
-    write_spans(path, spans, rng)
-    compiled, _ = read_both(path)
-    assert _compiled(compiled)
+    rng, compiled, _ = _read_random(seed, tmp_path)
     views = list(compiled.engines.values())
     assert PYTHON.step_stats(views) == KERNELS.step_stats(views)
     for view in views:
@@ -205,15 +207,17 @@ def test_compiled_engine_answers_as_the_python_reference(seed: int, tmp_path: Pa
             assert python.step_stats(lo, hi) == table.step_stats(lo, hi)
         starts = python.step_starts()
         span = (starts[0], view.steps[-1].step.end_ns) if starts else (0, 1)
-        segs = _intervals(rng, span, 3) if rng.random() < 0.5 else python.segments()
-        extras = [(a, b, rng.randrange(len(GAP_CAUSES))) for a, b in _intervals(rng, span, 4)]
-        work = _intervals(rng, span, rng.randint(0, 5))
-        engine_work = [w for w in work if rng.random() < 0.6]
+        sweep = GapInputs(
+            _intervals(rng, span, 3) if rng.random() < 0.5 else python.segments(),
+            _intervals(rng, span, rng.randint(0, 5)),
+            [(a, b, rng.randrange(len(GAP_CAUSES))) for a, b in _intervals(rng, span, 4)],
+        )
+        engine_work = [w for w in sweep.work if rng.random() < 0.6]
         windows = [(w.start_ns, w.end_ns) for w in view.windows] + _intervals(rng, span, 2)
-        assert python.gaps(segs, extras, work) == table.gaps(segs, extras, work)
-        found, totals = table.idle(segs, extras, work, engine_work, windows)
-        expected = python.idle(segs, extras, work, engine_work, windows)
-        assert (tuple(expected[0]), expected[1]) == (tuple(found), totals)
+        assert python.gaps(sweep) == table.gaps(sweep)
+        found, totals = table.idle(sweep, engine_work, windows)
+        expected = python.idle(sweep, engine_work, windows)
+        assert (tuple(expected.gaps), expected.totals) == (tuple(found), totals)
 
 
 def test_windows_without_steps_and_engines_without_windows(tmp_path: Path) -> None:

@@ -11,6 +11,11 @@ compiled module is there. The two implementations of :class:`Kernels`:
   with a build from another llmtrace version, or with ``LLMTRACE_ANALYSIS_NATIVE=0``
   (:mod:`llmtrace.analysis._native` decides which).
 
+The engine table's answers about one engine's steps are part of the boundary too:
+:meth:`Kernels.engine` gives an :class:`EngineSteps`, from the table's columns
+(:class:`NativeEngine`) when it holds the engine, else from its ``StepView`` objects
+(:class:`~llmtrace.analysis._steps.PythonEngine`).
+
 The compiled kernels take 64-bit times; the rare input beyond them (a corrupt file's
 astronomically large time, which the generic decoder accepts) is handed to the Python
 kernels here, so callers never see the difference.
@@ -23,7 +28,7 @@ from typing import Protocol
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import _native, _oracle, _steps
-from llmtrace.analysis._steps import GapTotals, StepStats, WindowIdle
+from llmtrace.analysis._steps import GapInputs, GapTotals, IdleGaps, StepStats, WindowIdle
 from llmtrace.analysis.engine_table import CompiledEngine, CompiledRows, EngineTable
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import (
@@ -81,20 +86,12 @@ class EngineSteps(Protocol):
         """:func:`~llmtrace.analysis._steps.step_stats` of steps ``lo..hi``."""
         ...
 
-    def gaps(self, segs: Sequence[Interval], extras: Sequence[tuple[int, int, int]],
-             work: Sequence[Interval]) -> list[Gap]:
-        """The classified idle gaps inside ``segs``, sorted (:meth:`Kernels.classify_gaps` over
-        the steps' forwards and host spans)."""
+    def gaps(self, sweep: GapInputs) -> list[Gap]:
+        """The classified idle gaps inside ``sweep.segs``, sorted (:meth:`Kernels.classify_gaps`
+        over the steps' forwards and host spans)."""
         ...
 
-    def idle(
-        self,
-        segs: Sequence[Interval],
-        extras: Sequence[tuple[int, int, int]],
-        work: Sequence[Interval],
-        engine_work: Sequence[Interval],
-        windows: Sequence[Interval],
-    ) -> tuple[Sequence[Gap], GapTotals]:
+    def idle(self, sweep: GapInputs, engine_work: Sequence[Interval], windows: Sequence[Interval]) -> IdleGaps:
         """:meth:`gaps` and their :func:`~llmtrace.analysis._steps.gap_totals`."""
         ...
 
@@ -250,30 +247,24 @@ class NativeEngine:
     def step_stats(self, lo: int, hi: int) -> StepStats:
         return StepStats(*self._table.step_stats([self._index], lo, hi))
 
-    def gaps(self, segs: Sequence[Interval], extras: Sequence[tuple[int, int, int]],
-             work: Sequence[Interval]) -> list[Gap]:
+    def gaps(self, sweep: GapInputs) -> list[Gap]:
+        segs, work, extras = sweep
         try:
             gap_set = self._table.idle(self._index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], GAP_CAUSES)[0]
         except OverflowError:
-            return self._python().gaps(segs, extras, work)
+            return self._python().gaps(sweep)
         return gap_set.rows(0, len(gap_set), self._view.engine_id, Gap, GAP_CAUSES)
 
-    def idle(
-        self,
-        segs: Sequence[Interval],
-        extras: Sequence[tuple[int, int, int]],
-        work: Sequence[Interval],
-        engine_work: Sequence[Interval],
-        windows: Sequence[Interval],
-    ) -> tuple[Sequence[Gap], GapTotals]:
+    def idle(self, sweep: GapInputs, engine_work: Sequence[Interval], windows: Sequence[Interval]) -> IdleGaps:
         """The gaps stay in Rust (a ``GapSet`` this result alone holds), made into
         :class:`Gap` tuples when read (the reports read a few dozen)."""
+        segs, work, extras = sweep
         try:
             gap_set, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = self._table.idle(
                 self._index, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, GAP_CAUSES
             )
         except OverflowError:
-            return self._python().idle(segs, extras, work, engine_work, windows)
+            return self._python().idle(sweep, engine_work, windows)
         engine_id = self._view.engine_id
 
         def fetch(lo: int, hi: int) -> tuple[Gap, ...]:
@@ -291,7 +282,7 @@ class NativeEngine:
             found[worst] if worst >= 0 else None,
             tuple(WindowIdle(i, w, {GAP_CAUSES[c]: ns for c, ns in causes}) for i, w, causes in per_window),
         )
-        return found, totals
+        return IdleGaps(found, totals)
 
     def _python(self) -> EngineSteps:
         return _steps.PythonEngine(self._view, _oracle.classify_gaps)

@@ -11,6 +11,9 @@ tests/analysis/ compare both on random input).
 * :func:`classify_gaps` — the GPU idle gaps of one engine described in :mod:`.gpu_idle`:
   forward intervals joined, the gaps between them inside the analysed segments, the host's
   activities painted by priority in one interval sweep, each gap split by them.
+* :meth:`PythonKernels.engine` — an engine's steps answered from its ``StepView`` objects
+  (:class:`~llmtrace.analysis._steps.PythonEngine`), whether or not the compiled table
+  holds them.
 * The OTLP line decoder declines every line (the generic reader in ``sources/otlp.py`` reads
   them), and there is no engine table: every span is a Python object.
 """

@@ -36,6 +36,21 @@ ClassifyGaps = Callable[
 ]
 
 
+class GapInputs(NamedTuple):
+    """What an engine's gap sweeps take besides its steps."""
+
+    segs: list[Interval]  # the analysed time: sorted, disjoint
+    work: list[Interval]  # when work was waiting: merged
+    extras: list[tuple[int, int, int]]  # gc pauses and tokenize spans: start, end, cause index
+
+
+class IdleGaps(NamedTuple):
+    """An engine's classified gaps, sorted by start, and their totals."""
+
+    gaps: Sequence[Gap]
+    totals: GapTotals
+
+
 class PythonEngine:
     """:class:`~llmtrace.analysis._kernels.EngineSteps` over an engine's ``StepView``
     objects; its gaps are classified by ``classify_gaps``."""
@@ -56,23 +71,15 @@ class PythonEngine:
     def step_stats(self, lo: int, hi: int) -> StepStats:
         return step_stats(self._engine.steps[lo:hi])
 
-    def gaps(self, segs: Sequence[Interval], extras: Sequence[tuple[int, int, int]],
-             work: Sequence[Interval]) -> list[Gap]:
+    def gaps(self, sweep: GapInputs) -> list[Gap]:
         steps = self._engine.steps
         forwards = [f for st in steps for f in st.forwards]
         hosts = [h for st in steps for h in st.host]
-        return self._classify(self._engine.engine_id, segs, forwards, hosts, extras, work)
+        return self._classify(self._engine.engine_id, sweep.segs, forwards, hosts, sweep.extras, sweep.work)
 
-    def idle(
-        self,
-        segs: Sequence[Interval],
-        extras: Sequence[tuple[int, int, int]],
-        work: Sequence[Interval],
-        engine_work: Sequence[Interval],
-        windows: Sequence[Interval],
-    ) -> tuple[Sequence[Gap], GapTotals]:
-        found = tuple(self.gaps(segs, extras, work))
-        return found, gap_totals(found, engine_work, windows)
+    def idle(self, sweep: GapInputs, engine_work: Sequence[Interval], windows: Sequence[Interval]) -> IdleGaps:
+        found = tuple(self.gaps(sweep))
+        return IdleGaps(found, gap_totals(found, engine_work, windows))
 
 
 def step_segments(steps: Sequence[StepView]) -> list[Interval]:

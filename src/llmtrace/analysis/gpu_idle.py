@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from llmtrace import semconv as sc
 from llmtrace.analysis._kernels import KERNELS
-from llmtrace.analysis._steps import WindowIdle
+from llmtrace.analysis._steps import GapInputs, WindowIdle
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import GAP_CAUSES, EngineView, Gap, RequestView, Span, WindowView
 
@@ -146,13 +146,13 @@ _TOKENIZE = CAUSES.index("tokenize")
 
 def _gap_inputs(
     engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span], step_runs: list[Interval] | None
-) -> tuple[list[Interval], list[Interval], list[tuple[int, int, int]]]:
+) -> GapInputs:
     """What the sweeps take besides the steps: segments, merged work, gc/tokenize extras."""
     segs = segments(engine)
     work = merge(work_intervals(engine, requests, step_runs))
     extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
     extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
-    return segs, work, extras
+    return GapInputs(segs, work, extras)
 
 
 def iter_gaps(
@@ -162,8 +162,8 @@ def iter_gaps(
     step_runs: list[Interval] | None = None,
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
-    segs, work, extras = _gap_inputs(engine, requests, tokenize, step_runs)
-    return segs, KERNELS.engine(engine).gaps(segs, extras, work)
+    sweep = _gap_inputs(engine, requests, tokenize, step_runs)
+    return sweep.segs, KERNELS.engine(engine).gaps(sweep)
 
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
@@ -171,10 +171,9 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
     steps = KERNELS.engine(engine)
     runs = steps.step_runs()  # once: both work measures use it
     engine_work = merge(engine_work_intervals(engine, requests, runs))
-    segs, work, extras = _gap_inputs(engine, requests, tokenize, runs)
-    windows = [(w.start_ns, w.end_ns) for w in engine.windows]
-    found, totals = steps.idle(segs, extras, work, engine_work, windows)
-    covered = sum(b - a for a, b in segs)
+    sweep = _gap_inputs(engine, requests, tokenize, runs)
+    found, totals = steps.idle(sweep, engine_work, [(w.start_ns, w.end_ns) for w in engine.windows])
+    covered = sum(b - a for a, b in sweep.segs)
     return EngineIdle(
         engine.engine_id,
         covered,
@@ -186,7 +185,7 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
         totals.p50_ns,
         totals.p99_ns,
         totals.top,
-        tuple(segs),
+        tuple(sweep.segs),
         len(engine.steps),
         found,
         totals.windows,
