@@ -41,6 +41,7 @@ REGISTRY: tuple[IntegrationSpec, ...] = (
     IntegrationSpec("aiohttp", "aiohttp.web", "llmtrace.integrations.aiohttp"),
     IntegrationSpec("grpc", "grpc", "llmtrace.integrations.grpc"),
     IntegrationSpec("vllm", "vllm", "llmtrace.integrations.vllm"),
+    IntegrationSpec("sglang", "sglang.srt", "llmtrace.integrations.sglang"),
 )
 
 _lock = threading.Lock()

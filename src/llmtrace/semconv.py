@@ -42,6 +42,10 @@ GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+#: Prompt tokens served from the engine's prefix (KV) cache, not recomputed.
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+LLM_PROMPT_TOKENS_CACHED: Final = "llm.prompt_tokens.cached"
+LLM_PROMPT_TOKENS_COMPUTED: Final = "llm.prompt_tokens.computed"
 # vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
 # its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"
@@ -98,6 +102,8 @@ LLM_BATCH_SIZE: Final = "llm.batch.size"
 LLM_BATCH_PREFILL_TOKENS: Final = "llm.batch.prefill_tokens"
 LLM_BATCH_DECODE_TOKENS: Final = "llm.batch.decode_tokens"
 LLM_BATCH_REQUEST_IDS: Final = "llm.batch.request_ids"
+#: How the engine ran the batch, where it says: ``extend`` (prefill), ``decode``, ``mixed`` (SGLang).
+LLM_BATCH_FORWARD_MODE: Final = "llm.batch.forward_mode"
 LLM_QUEUE_WAITING: Final = "llm.queue.waiting"
 LLM_QUEUE_RUNNING: Final = "llm.queue.running"
 LLM_KV_CACHE_USAGE: Final = "llm.kv_cache.usage"

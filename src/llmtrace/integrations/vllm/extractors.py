@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrace import semconv
+from llmtrace.integrations._targets import version_supported, version_tuple  # noqa: F401 - read here by the tests
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
@@ -270,25 +271,3 @@ def rendered_token_lists(result: Any) -> list[Any]:
         if isinstance(token_ids, list):
             found.append(token_ids)
     return found
-
-
-def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparseable."""
-    if not version:
-        return None
-    parts: list[int] = []
-    for piece in version.split("+")[0].split("."):
-        digits = ""
-        for char in piece:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
-
-
-def version_supported(version: str | None, low: tuple[int, ...], high_exclusive: tuple[int, ...]) -> bool:
-    parsed = version_tuple(version)
-    return parsed is not None and low <= parsed < high_exclusive

@@ -1,0 +1,305 @@
+"""Scheduler side of the SGLang adapter: the step timeline and the engine half of each request.
+
+``Scheduler.handle_generate_request`` opens the engine record (a child of the HTTP
+server's ``llm.request`` through the carrier on the request's time stats);
+``get_next_batch_to_run`` is a step's ``llm.schedule`` and its batch; ``run_batch`` its
+``llm.forward``; ``process_batch_result`` its ``llm.postprocess``. Under overlap
+scheduling SGLang runs batch N+1 before it processes batch N's result (on a copy of the
+batch), so a step is keyed by the batch until ``run_batch`` returns and by the result
+after. The output streamer (called inside ``process_batch_result``, and for requests the
+scheduler ends early) counts each request's new tokens and, before the message leaves,
+puts the engine's durations on the request's time stats for the HTTP server.
+``ScheduleBatch.retract_decode`` is preemption: the retracted requests queue again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from llmtrace import semconv
+from llmtrace._safety import guarded
+from llmtrace.integrations._targets import Wrapper, binder
+from llmtrace.integrations.sglang import _constants as C
+from llmtrace.integrations.sglang import extractors as X
+from llmtrace.lifecycle.clock import monotonic_ns
+from llmtrace.lifecycle.engine import EngineTracer, StepRecord
+from llmtrace.lifecycle.request import RequestHandle
+from llmtrace.lifecycle.tracker import RequestTracker
+
+
+class _EngineState:
+    """One Scheduler's timeline and the engine half of its requests."""
+
+    def __init__(self, scheduler: Any) -> None:
+        dp_rank, tp_rank, tp_size = _ranks(scheduler)
+        self.tracker = RequestTracker()
+        self.tracer = EngineTracer(X.engine_id(dp_rank, tp_rank, tp_size), self.tracker)
+        self.handles: dict[str, RequestHandle] = {}
+        #: Every TP rank runs the same schedule: only the first records the requests' phases
+        #: (each rank keeps its own engine timeline, for GPU idle per device).
+        self.tracks_requests = not tp_rank
+        self.preempted = 0  # retracted since the last step began
+
+
+def _ranks(scheduler: Any) -> tuple[Any, Any, Any]:
+    tp_size = getattr(scheduler, "tp_size", 1)
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        return (getattr(parallel, "dp_rank", None), getattr(parallel, "tp_rank", None),
+                getattr(parallel, "tp_size", tp_size))
+    except Exception:  # noqa: BLE001 - ranks unknown (an SGLang without the context): dp0
+        return None, None, tp_size
+
+
+class _Pending:
+    """A step between ``get_next_batch_to_run`` and ``process_batch_result``."""
+
+    __slots__ = ("key", "state", "step")
+
+    def __init__(self, key: Any, step: StepRecord, state: _EngineState) -> None:
+        self.key = key  # held so that id(key) stays unique while pending
+        self.step = step
+        self.state = state
+
+
+_ENGINES: weakref.WeakKeyDictionary[Any, _EngineState] = weakref.WeakKeyDictionary()
+_PENDING: dict[int, _Pending] = {}
+#: The scheduler of this process (SGLang runs one per process) for the hooks that do not see it:
+#: the output streamer and ``ScheduleBatch.retract_decode``.
+_CURRENT: list[_EngineState] = []
+
+
+def _state(scheduler: Any) -> _EngineState:
+    state = _ENGINES.get(scheduler)
+    if state is None:
+        state = _ENGINES[scheduler] = _EngineState(scheduler)
+        _CURRENT[:] = [state]
+    return state
+
+
+def reset() -> None:
+    """Close every open window and forget pending steps (``uninstrument()``)."""
+    for state in list(_ENGINES.values()):
+        state.tracer.flush_window()
+    _PENDING.clear()
+    _CURRENT.clear()
+
+
+def engine_states() -> list[Any]:
+    """The engine states of this process (for tests and ``flush``)."""
+    return list(_ENGINES.values())
+
+
+def _remember(key: Any, pending: _Pending) -> None:
+    if len(_PENDING) >= C.MAX_PENDING_STEPS:
+        _PENDING.pop(next(iter(_PENDING)))
+    pending.key = key
+    _PENDING[id(key)] = pending
+
+
+def _take(key: Any) -> _Pending | None:
+    pending = _PENDING.pop(id(key), None)
+    return pending if pending is not None and pending.key is key else None
+
+
+# --------------------------------------------------------------------------- requests
+@guarded("sglang.engine.add_request")
+def _engine_add(scheduler: Any, recv_req: Any, arrival_ns: int) -> None:
+    state = _state(scheduler)
+    request_id, prompt_tokens, params = X.engine_request(recv_req)
+    if not state.tracks_requests or not request_id or request_id in state.handles:
+        return
+    carried = X.carried(getattr(recv_req, "time_stats", None))
+    state.handles[request_id] = state.tracker.add(
+        request_id, carrier=X.carrier(carried), arrival_ns=arrival_ns, prompt_tokens=prompt_tokens,
+        max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+        stream=params.stream, attributes={semconv.GEN_AI_SYSTEM: "sglang"})
+
+
+def handle_generate_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_request = binder(positions, "recv_req")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        arrival = monotonic_ns()
+        result = wrapped(*args, **kwargs)
+        _engine_add(instance, get_request(args, kwargs), arrival)
+        return result
+
+    return wrapper
+
+
+@guarded("sglang.engine.outputs")
+def _outputs(reqs: Any) -> None:
+    """Tokens since the last call and finished requests, before SGLang sends the outputs."""
+    if not _CURRENT:
+        return
+    state = _CURRENT[0]
+    handles = state.handles
+    if not handles:
+        return
+    now = monotonic_ns()
+    for req in reqs or ():
+        # Per request per step: keep this loop free of helper calls on the common (decode) path.
+        handle = handles.get(req.rid)
+        if handle is None:
+            continue
+        produced = len(req.output_ids) - handle.output_tokens
+        if produced > 0:
+            first = not handle.token_ns
+            handle.token(produced, now)
+            if first and not req.finished():
+                # Queue and prefill are known at the first token: send them now, so that a request
+                # the HTTP server ends itself (a client disconnect) still gets them.
+                X.carry(req.time_stats, summary=X.first_token_summary(handle.summary()))
+        if req.finished():
+            _finished(state, req, now)
+
+
+def _finished(state: _EngineState, req: Any, now: int) -> None:
+    request_id = req.rid
+    del state.handles[request_id]
+    reason = X.finish_reason(req.finished_reason) or semconv.FINISH_STOP
+    if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+        summary = state.tracker.aborted(request_id, reason=reason)
+    else:
+        summary = state.tracker.finished(request_id, reason, at_ns=now)
+    X.carry(req.time_stats, summary=summary)
+
+
+def stream_output_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_reqs = binder(positions, "reqs")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _outputs(get_reqs(args, kwargs))
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+@guarded("sglang.engine.abort")
+def _ended_early(req: Any) -> None:
+    """A request the scheduler ended outside the output stream (aborted while queued, rejected)."""
+    for state in _CURRENT:
+        if state.handles.pop(str(getattr(req, "rid", "")), None) is not None:
+            state.tracker.aborted(req.rid, reason=semconv.FINISH_ABORT)
+
+
+def send_abort_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_req = binder(positions, "req")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _ended_early(get_req(args, kwargs))
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+@guarded("sglang.engine.retract")
+def _retracted(result: Any) -> None:
+    retracted = result[0] if isinstance(result, tuple) and result else ()
+    if not _CURRENT or not retracted:
+        return
+    state = _CURRENT[0]
+    now = monotonic_ns()
+    for req in retracted:
+        handle = state.handles.get(req.rid)
+        if handle is not None:
+            handle.preempted(now)
+    state.preempted += len(retracted)
+
+
+def retract_wrapper(positions: dict[str, int]) -> Wrapper:
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        _retracted(result)
+        return result
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- steps
+@guarded("sglang.engine.scheduled")
+def _scheduled(scheduler: Any, plan: Any, start_ns: int, end_ns: int) -> None:
+    state = _state(scheduler)
+    batch = getattr(plan, "batch_to_run", None)
+    if batch is None:
+        if not _PENDING:
+            # Nothing to run and nothing in flight: close the window now, or its steps would
+            # wait for the next request.
+            state.tracer.flush_window()
+        return
+    step = state.tracer.begin_step()
+    step.start_ns = start_ns
+    step.add_phase("schedule", start_ns, end_ns)
+    info = X.batch_info(batch)
+    handles = state.handles
+    running = getattr(getattr(plan, "running_batch", None), "reqs", None)
+    step.batch([rid for rid in info.request_ids if rid in handles], prefill_tokens=info.prefill_tokens,
+               decode_tokens=info.decode_tokens, waiting=len(getattr(scheduler, "waiting_queue", ()) or ()),
+               running=len(running) if running is not None else None,
+               kv_cache_usage=X.kv_cache_usage(getattr(scheduler, "token_to_kv_pool_allocator", None),
+                                               getattr(scheduler, "tree_cache", None)),
+               preempted=state.preempted)
+    state.preempted = 0
+    step.set(semconv.LLM_BATCH_FORWARD_MODE, info.mode)
+    _remember(batch, _Pending(batch, step, state))
+
+
+def get_next_batch_wrapper(positions: dict[str, int]) -> Wrapper:
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        start = monotonic_ns()
+        plan = wrapped(*args, **kwargs)
+        _scheduled(instance, plan, start, monotonic_ns())
+        return plan
+
+    return wrapper
+
+
+@guarded("sglang.engine.forward")
+def _forward_started(batch: Any) -> _Pending | None:
+    pending = _take(batch)
+    if pending is not None:
+        pending.step.mark("forward")  # a mark: CUDA-event timing of the forward where torch uses CUDA
+    return pending
+
+
+@guarded("sglang.engine.forward_done")
+def _forward_done(pending: _Pending, result: Any) -> None:
+    pending.step.mark(None)
+    _remember(result, pending)
+
+
+def run_batch_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_batch = binder(positions, "batch")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        pending = _forward_started(get_batch(args, kwargs))
+        result = wrapped(*args, **kwargs)
+        if pending is not None:
+            _forward_done(pending, result)
+        return result
+
+    return wrapper
+
+
+@guarded("sglang.engine.processed")
+def _processed(pending: _Pending, start_ns: int, end_ns: int) -> None:
+    pending.step.add_phase("postprocess", start_ns, end_ns)
+    pending.state.tracer.end_step(pending.step)
+
+
+def process_result_wrapper(positions: dict[str, int]) -> Wrapper:
+    get_result = binder(positions, "result")
+
+    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        pending = _take(get_result(args, kwargs))
+        start = monotonic_ns()
+        result = wrapped(*args, **kwargs)
+        if pending is not None:
+            _processed(pending, start, monotonic_ns())
+        return result
+
+    return wrapper

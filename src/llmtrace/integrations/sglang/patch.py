@@ -1,0 +1,94 @@
+"""Wiring of the SGLang adapter: the all-or-nothing target check and the instrumentor.
+
+The wrappers live in :mod:`._api` (HTTP server + TokenizerManager), :mod:`._engine`
+(Scheduler) and :mod:`._detokenizer` (DetokenizerManager, and the carrier on SGLang's
+time stats). Every wrapper calls SGLang first-class: it takes a timestamp, calls
+through, and hands the objects to a ``@guarded`` helper that reads them (through
+:mod:`.extractors`) into the lifecycle API. SGLang's own exceptions pass through
+untouched; an llmtrace error is logged once and counted, never raised.
+
+All targets are patched in every SGLang process (the class patches are cheap, and
+which process runs which manager is SGLang's business): a wrapper only ever fires in
+the process whose manager calls it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llmtrace._safety import warn_once
+from llmtrace.integrations import _targets
+from llmtrace.integrations._base import Instrumentor
+from llmtrace.integrations._targets import Checked, Wrapper
+from llmtrace.integrations.sglang import _api, _detokenizer, _engine
+from llmtrace.integrations.sglang import _constants as C
+
+_FACTORIES: dict[str, Callable[[dict[str, int]], Wrapper]] = {
+    "TokenizerManager._init_req_state": _api.init_req_state_wrapper,
+    "TokenizerManager._tokenize_one_request": _api.tokenize_wrapper,
+    "TokenizerManager._handle_batch_output": _api.batch_output_wrapper,
+    "TokenizerManager.abort_request": _api.abort_request_wrapper,
+    "TokenizerManager._handle_abort_req": _api.handle_abort_wrapper,
+    "ReqTimeStatsBase.__getstate__": _detokenizer.getstate_wrapper,
+    "SchedulerReqTimeStats.__getstate__": _detokenizer.getstate_wrapper,
+    "Scheduler.handle_generate_request": _engine.handle_generate_wrapper,
+    "Scheduler.get_next_batch_to_run": _engine.get_next_batch_wrapper,
+    "Scheduler.run_batch": _engine.run_batch_wrapper,
+    "Scheduler.process_batch_result": _engine.process_result_wrapper,
+    "Scheduler.send_abort_output": _engine.send_abort_wrapper,
+    "ScheduleBatch.retract_decode": _engine.retract_wrapper,
+    "SchedulerOutputStreamer.stream_output": _engine.stream_output_wrapper,
+    "DetokenizerManager.handle_batch_token_id_out": _detokenizer.detokenize_wrapper,
+}
+
+
+def check_targets(targets: tuple[_targets.Target, ...] = C.TARGETS) -> tuple[list[Checked], list[str]]:
+    """The shared all-or-nothing check (:func:`llmtrace.integrations._targets.check_targets`) of SGLang's targets."""
+    return _targets.check_targets(targets)
+
+
+class SglangInstrumentor(Instrumentor):
+    """SGLang (``sglang.srt``): request traces in the HTTP server, engine windows per scheduler rank."""
+
+    name = "sglang"
+    trigger = C.TRIGGER
+    distribution = C.DISTRIBUTION
+    supported = C.SUPPORTED
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problems: list[str] = []
+
+    def instrument(self, **options: Any) -> None:
+        """Check the installed SGLang first: an unsupported version or any changed target -> off."""
+        if self.active:
+            return
+        try:
+            self.problems = self.preflight()
+        except Exception as exc:  # noqa: BLE001 - a broken check must not break SGLang's import
+            self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
+        if self.problems:
+            warn_once("sglang:off", "llmtrace: SGLang adapter is OFF for sglang %s (supported %s): %s",
+                      self.installed_version(), C.SUPPORTED, "; ".join(self.problems))
+            return
+        super().instrument(**options)
+
+    def preflight(self) -> list[str]:
+        version = self.installed_version()
+        if not _targets.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE):
+            return [f"version {version} is outside the supported range {C.SUPPORTED}"]
+        return check_targets()[1]
+
+    def _patch(self) -> None:
+        checked, problems = check_targets()
+        if problems:  # changed between preflight and now (a concurrent import): stay off
+            raise RuntimeError("; ".join(problems))
+        for item in checked:
+            factory = _FACTORIES[item.target.path]
+            if not self.patches.wrap(item.target.module, item.target.path, factory(item.positions)):
+                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")
+
+    def _unpatch(self) -> None:
+        _engine.reset()
+        _api.API.reset()

@@ -1,0 +1,189 @@
+"""The real SGLang server on the CPU, traced through the plugin: HTTP server + TokenizerManager,
+Scheduler (batch formation, radix cache, KV pool, chunked prefill, forced retraction, overlap
+scheduling), the model in the scheduler process, DetokenizerManager.
+
+One server serves every test of this module: concurrent streaming completions (one client
+disconnects), then the same prompt twice through the official ``openai`` client (a prefix-cache
+hit). It exports to a trace file and, over OTLP, to the real collector + Jaeger of tests/stack.
+The seam: the model is tests/sglang/tiny_lm (a real torch module with random weights but no
+attention layers), because SGLang's own Llama cannot run on a CPU from its PyPI wheels.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sglang import server as sglang_server
+from tests.sglang.conftest import driven, subprocess_env
+from tests.stack.stack import OtelStack
+from tests.vllm import serve_driver, trace_checks
+
+pytestmark = [pytest.mark.sglang, pytest.mark.stack]
+
+#: 41 tokens with the test tokenizer: three prefill chunks of CHUNK tokens.
+LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 4) + " hello"
+CHUNK = 16
+REQUESTS = 6
+MAX_TOKENS = 8
+SERVE_ARGS = [*sglang_server.CPU_ARGS, "--max-total-tokens", "2048", "--chunked-prefill-size", str(CHUNK),
+              "--max-running-requests", "8"]
+#: The scheduler exports within ~1 s of going idle (window flush + batch delay); SGLang's
+#: shutdown kills its processes at once, so the test waits for the export before stopping it.
+EXPORT_WAIT_S = 4.0
+
+
+@dataclass
+class Served:
+    burst: serve_driver.Burst
+    spans: list[trace_checks.Span]
+    service: str
+    cached_prompt_tokens: list[int]
+
+
+def _completion_twice(base: str) -> list[int]:
+    """The same prompt twice, one after the other, through the official OpenAI client: the second
+    finds the first's prefix in SGLang's radix cache. Returns SGLang's usage.prompt_tokens."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    tokens = []
+    for _ in range(2):
+        reply = client.completions.create(model="tiny", prompt=LONG_PROMPT + " again", max_tokens=4,
+                                          temperature=0.0, extra_body={"ignore_eos": True})
+        tokens.append(reply.usage.prompt_tokens)
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def served(sglang_python: str, tiny_model: Path, otel_stack: OtelStack,
+           tmp_path_factory: pytest.TempPathFactory) -> Served:
+    directory = tmp_path_factory.mktemp("sglang-serve")
+    traces = directory / "traces.jsonl"
+    service = f"sglang-e2e-{uuid.uuid4().hex[:8]}"
+    env = subprocess_env(LLMTRACE_SGLANG="1", LLMTRACE_EXPORTER=f"otlp,file:{traces}",
+                         LLMTRACE_ENDPOINT=otel_stack.otlp_grpc_endpoint, LLMTRACE_PROTOCOL="grpc",
+                         LLMTRACE_SERVICE_NAME=service,
+                         # SGLang's own test switch: retract a running decode request every 3rd step.
+                         SGLANG_TEST_RETRACT="1")
+    server = sglang_server.launch(sglang_python, tiny_model, env=env, log_path=directory / "serve.log",
+                                  extra_args=SERVE_ARGS)
+    try:
+        burst = serve_driver.burst(server, requests=REQUESTS, max_tokens=MAX_TOKENS, prompt=LONG_PROMPT,
+                                   abort_first=1)
+        prompt_tokens = _completion_twice(server.base)
+        time.sleep(EXPORT_WAIT_S)
+    finally:
+        serve_driver.stop(server)
+    driven("sglang.launch_server (HTTP server + TokenizerManager, Scheduler with chunked prefill, forced "
+           "retraction and overlap scheduling, the model on the CPU, DetokenizerManager): streaming burst "
+           "with a client disconnect, a prefix-cache hit through the openai client")
+    return Served(burst, trace_checks.load(traces), service, prompt_tokens)
+
+
+def _requests(spans: list[trace_checks.Span]) -> list[trace_checks.Span]:
+    """The completions' llm.request spans (SGLang's /health runs a 1-token generation of its own)."""
+    posts = {s.span_id for s in spans if s.name == "POST /v1/completions"}
+    return [s for s in spans if s.name == "llm.request" and s.parent_id in posts]
+
+
+def _children(spans: list[trace_checks.Span]) -> dict[str, list[trace_checks.Span]]:
+    kids: dict[str, list[trace_checks.Span]] = defaultdict(list)
+    for span in spans:
+        kids[span.parent_id].append(span)
+    return kids
+
+
+def test_every_request_is_fully_traced_across_the_three_processes(served: Served) -> None:
+    """llm.request under the HTTP span, tokenize, queue/prefill/decode from the scheduler process,
+    linked steps with schedule/forward/postprocess, all in one trace per request."""
+    assert [] == served.burst.errors
+    requests = _requests(served.spans)
+    assert REQUESTS + 2 == len(requests)
+    others = [s for s in served.spans if s.name != "llm.request" or s in requests]
+    assert [] == trace_checks.check(others, engine_role="scheduler").problems
+    roles = Counter(s.role for s in served.spans)
+    assert {"api-server", "scheduler"} <= set(roles)
+
+
+def test_client_disconnect_is_an_aborted_request(served: Served) -> None:
+    """The request whose client went away ends as ``abort`` with status ERROR; the others ``length``."""
+    reasons = Counter(s.attributes["llm.request.finish_reason"] for s in _requests(served.spans))
+    assert {"abort": 1, "length": REQUESTS + 1} == dict(reasons)
+    aborted = [s for s in _requests(served.spans) if s.attributes["llm.request.finish_reason"] == "abort"]
+    assert aborted[0].status in ("STATUS_CODE_ERROR", "2")
+
+
+def test_retraction_is_a_preemption_with_a_second_queue_span(served: Served) -> None:
+    """SGLang's retract_decode: the step counts it, the request has llm.preemptions and queues again."""
+    steps = [s for s in served.spans if s.name == "llm.step"]
+    assert sum(s.attributes["llm.preempted"] for s in steps) >= 1
+    kids = _children(served.spans)
+    preempted = [r for r in _requests(served.spans) if r.attributes.get("llm.preemptions", 0) >= 1]
+    assert preempted, "no request reports a preemption"
+    for request in preempted:
+        queues = [k for k in kids[request.span_id] if k.name == "llm.queue"]
+        assert request.attributes["llm.preemptions"] + 1 == len(queues)
+
+
+def test_chunked_prefill_is_one_prefill_span_over_several_extend_steps(served: Served) -> None:
+    """A 41-token prompt with 16-token chunks: three extend steps carry it, one llm.prefill spans them."""
+    kids = _children(served.spans)
+    steps = [s for s in served.spans if s.name == "llm.step"]
+    request = _requests(served.spans)[0]
+    rid = request.attributes["llm.request.id"]
+    extends = [s for s in steps if s.attributes.get("llm.batch.forward_mode") == "extend"
+               and rid in (s.attributes.get("llm.batch.request_ids") or ())]
+    prefills = [k for k in kids[request.span_id] if k.name == "llm.prefill"]
+    assert 1 == len(prefills)
+    assert len(extends) >= 3, [s.attributes.get("llm.batch.prefill_tokens") for s in extends]
+    assert {"extend", "decode"} <= {s.attributes.get("llm.batch.forward_mode") for s in steps}
+    assert max(s.attributes["llm.batch.prefill_tokens"] for s in steps) <= CHUNK
+
+
+def test_steps_carry_the_engine_id_queue_counts_and_kv_usage(served: Served) -> None:
+    """Every step and forward names engine ``dp0``; busy steps report waiting/running and a 0..1 KV usage."""
+    steps = [s for s in served.spans if s.name == "llm.step"]
+    forwards = [s for s in served.spans if s.name == "llm.forward"]
+    assert {"dp0"} == {s.attributes["llm.engine.id"] for s in steps + forwards}
+    for step in steps:
+        assert 0.0 <= step.attributes["llm.kv_cache.usage"] <= 1.0
+        assert step.attributes["llm.queue.waiting"] >= 0
+    assert max(s.attributes["llm.kv_cache.usage"] for s in steps) > 0.0
+
+
+def test_prefix_cache_hit_and_detokenizer_time_reach_the_request(served: Served) -> None:
+    """The repeated prompt reads its prefix from the radix cache (``cached_tokens``); every request
+    carries the detokenizer process's time and the scheduler's durations."""
+    requests = sorted(_requests(served.spans), key=lambda s: s.start_ns)
+    repeat = requests[-1]
+    cached = repeat.attributes["gen_ai.usage.cache_read.input_tokens"]
+    assert cached > 0
+    assert served.cached_prompt_tokens[1] == repeat.attributes["gen_ai.usage.input_tokens"]
+    assert repeat.attributes["gen_ai.usage.input_tokens"] == (repeat.attributes["llm.prompt_tokens.cached"]
+                                                              + repeat.attributes["llm.prompt_tokens.computed"])
+    for request in requests:
+        assert request.attributes["llm.detokenize.total_s"] > 0
+        assert request.attributes["gen_ai.latency.time_in_queue"] >= 0
+
+
+def test_the_trace_reaches_jaeger_whole(served: Served, otel_stack: OtelStack) -> None:
+    """Through the collector config into Jaeger: one completion's trace holds the HTTP span, its
+    llm.request and the scheduler process's phases, with the parent links intact."""
+    spans = otel_stack.find_traces(served.service, "llm.request", min_traces=REQUESTS + 2)
+    by_trace: dict[str, list[Any]] = defaultdict(list)
+    for span in spans:
+        by_trace[span.trace_id].append(span)
+    whole = [t for t in by_trace.values() if {"POST /v1/completions", "llm.request", "llm.queue", "llm.prefill",
+                                                 "llm.decode", "llm.tokenize"} <= {s.name for s in t}]
+    assert whole, f"no complete request trace in Jaeger: {[sorted({s.name for s in t}) for t in by_trace.values()]}"
+    trace = {s.name: s for s in whole[0]}
+    for name in ("llm.queue", "llm.prefill", "llm.decode", "llm.tokenize"):
+        assert trace["llm.request"].span_id == trace[name].parent_span_id, name
+    assert trace["POST /v1/completions"].span_id == trace["llm.request"].parent_span_id
