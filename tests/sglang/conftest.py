@@ -45,8 +45,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 def sglang_python() -> Iterator[str]:
     """The python of SGLang's environment (built by scripts/sglang-env if needed)."""
     try:
-        done = subprocess.run([str(ENV_SCRIPT)], check=False, capture_output=True, text=True, timeout=ENV_BUILD_TIMEOUT_S,
-                              cwd=REPO)
+        done = subprocess.run([str(ENV_SCRIPT)], check=False, capture_output=True, text=True,
+                              timeout=ENV_BUILD_TIMEOUT_S, cwd=REPO)
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"SGLang's environment could not be built (scripts/sglang-env): {exc}")
     if done.returncode != 0:

@@ -146,11 +146,14 @@ def _outputs(recv_obj: Any, at_ns: int) -> None:
 
 
 def _cache_attributes(handle: RequestHandle, cached: int) -> None:
-    """Prefix-cache hits (SGLang's radix cache): ``cached_tokens`` of the prompt were not recomputed."""
-    handle.attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached
-    handle.attributes[semconv.LLM_PROMPT_TOKENS_CACHED] = cached
+    """Prefix-cache hits (SGLang's radix cache): ``cached_tokens`` of the prompt were not recomputed.
+    Set on the live span (the request's own attributes were fixed when it started)."""
+    if handle.span is None or not handle.recording:
+        return
+    attributes = {semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: cached, semconv.LLM_PROMPT_TOKENS_CACHED: cached}
     if handle.prompt_tokens is not None:
-        handle.attributes[semconv.LLM_PROMPT_TOKENS_COMPUTED] = max(0, handle.prompt_tokens - cached)
+        attributes[semconv.LLM_PROMPT_TOKENS_COMPUTED] = max(0, handle.prompt_tokens - cached)
+    handle.span.set_attributes(attributes)
 
 
 def batch_output_wrapper(positions: dict[str, int]) -> Wrapper:

@@ -57,12 +57,14 @@ def _ranks(scheduler: Any) -> tuple[Any, Any, Any]:
 class _Pending:
     """A step between ``get_next_batch_to_run`` and ``process_batch_result``."""
 
-    __slots__ = ("key", "state", "step")
+    __slots__ = ("decoding", "key", "state", "step")
 
-    def __init__(self, key: Any, step: StepRecord, state: _EngineState) -> None:
+    def __init__(self, key: Any, step: StepRecord, state: _EngineState, decoding: bool) -> None:
         self.key = key  # held so that id(key) stays unique while pending
         self.step = step
         self.state = state
+        #: A decode batch without speculative decoding: exactly one new token per request.
+        self.decoding = decoding
 
 
 _ENGINES: weakref.WeakKeyDictionary[Any, _EngineState] = weakref.WeakKeyDictionary()
@@ -70,6 +72,8 @@ _PENDING: dict[int, _Pending] = {}
 #: The scheduler of this process (SGLang runs one per process) for the hooks that do not see it:
 #: the output streamer and ``ScheduleBatch.retract_decode``.
 _CURRENT: list[_EngineState] = []
+#: True while ``process_batch_result`` of a decode step runs (the output streamer's fast path).
+_DECODING: list[bool] = []
 
 
 def _state(scheduler: Any) -> _EngineState:
@@ -133,16 +137,21 @@ def handle_generate_wrapper(positions: dict[str, int]) -> Wrapper:
 
 @guarded("sglang.engine.outputs")
 def _outputs(reqs: Any) -> None:
-    """Tokens since the last call and finished requests, before SGLang sends the outputs."""
-    if not _CURRENT:
+    """Before SGLang sends a step's outputs: the requests that finished, and (outside decode steps)
+    each request's new tokens, so that the first-token and final durations ride on this message."""
+    if not _CURRENT or not _CURRENT[0].handles:
         return
     state = _CURRENT[0]
     handles = state.handles
-    if not handles:
-        return
     now = monotonic_ns()
+    if _DECODING:
+        # A decode step (the common case): one token per running request, recorded for the whole
+        # batch after the step (``_processed``); here only the requests that finished.
+        for req in reqs or ():
+            if req.finished() and (handle := handles.get(req.rid)) is not None:
+                _finished(state, handle, req, now)
+        return
     for req in reqs or ():
-        # Per request per step: keep this loop free of helper calls on the common (decode) path.
         handle = handles.get(req.rid)
         if handle is None:
             continue
@@ -155,12 +164,15 @@ def _outputs(reqs: Any) -> None:
                 # the HTTP server ends itself (a client disconnect) still gets them.
                 X.carry(req.time_stats, summary=X.first_token_summary(handle.summary()))
         if req.finished():
-            _finished(state, req, now)
+            _finished(state, handle, req, now)
 
 
-def _finished(state: _EngineState, req: Any, now: int) -> None:
+def _finished(state: _EngineState, handle: RequestHandle, req: Any, now: int) -> None:
     request_id = req.rid
     del state.handles[request_id]
+    produced = len(req.output_ids) - handle.output_tokens
+    if produced > 0:
+        handle.token(produced, now)
     reason = X.finish_reason(req.finished_reason) or semconv.FINISH_STOP
     if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
         summary = state.tracker.aborted(request_id, reason=reason)
@@ -235,9 +247,10 @@ def _scheduled(scheduler: Any, plan: Any, start_ns: int, end_ns: int) -> None:
     step.start_ns = start_ns
     step.add_phase("schedule", start_ns, end_ns)
     info = X.batch_info(batch)
-    handles = state.handles
     running = getattr(getattr(plan, "running_batch", None), "reqs", None)
-    step.batch([rid for rid in info.request_ids if rid in handles], prefill_tokens=info.prefill_tokens,
+    # The tracker knows every request of the batch (it opened each one as it arrived); a rank that
+    # does not track requests links none.
+    step.batch(info.request_ids if state.tracks_requests else (), prefill_tokens=info.prefill_tokens,
                decode_tokens=info.decode_tokens, waiting=len(getattr(scheduler, "waiting_queue", ()) or ()),
                running=len(running) if running is not None else None,
                kv_cache_usage=X.kv_cache_usage(getattr(scheduler, "token_to_kv_pool_allocator", None),
@@ -245,7 +258,7 @@ def _scheduled(scheduler: Any, plan: Any, start_ns: int, end_ns: int) -> None:
                preempted=state.preempted)
     state.preempted = 0
     step.set(semconv.LLM_BATCH_FORWARD_MODE, info.mode)
-    _remember(batch, _Pending(batch, step, state))
+    _remember(batch, _Pending(batch, step, state, info.mode == "decode" and X.one_token_per_step(batch)))
 
 
 def get_next_batch_wrapper(positions: dict[str, int]) -> Wrapper:
@@ -287,8 +300,11 @@ def run_batch_wrapper(positions: dict[str, int]) -> Wrapper:
 
 @guarded("sglang.engine.processed")
 def _processed(pending: _Pending, start_ns: int, end_ns: int) -> None:
-    pending.step.add_phase("postprocess", start_ns, end_ns)
-    pending.state.tracer.end_step(pending.step)
+    step = pending.step
+    if pending.decoding:
+        step.tokens()  # one token for each request of the batch still running (finished ones are ended)
+    step.add_phase("postprocess", start_ns, end_ns)
+    pending.state.tracer.end_step(step)
 
 
 def process_result_wrapper(positions: dict[str, int]) -> Wrapper:
@@ -297,7 +313,14 @@ def process_result_wrapper(positions: dict[str, int]) -> Wrapper:
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         pending = _take(get_result(args, kwargs))
         start = monotonic_ns()
-        result = wrapped(*args, **kwargs)
+        decoding = pending is not None and pending.decoding
+        if decoding:
+            _DECODING.append(True)
+        try:
+            result = wrapped(*args, **kwargs)
+        finally:
+            if decoding:
+                _DECODING.pop()
         if pending is not None:
             _processed(pending, start, monotonic_ns())
         return result
