@@ -157,12 +157,12 @@ def run(steps: int, batch_size: int, traced: bool) -> float:
     return (time.thread_time() - start) / steps * 1e6
 
 
-def _instrument(steps: int) -> None:
+def _instrument() -> None:
     import llmtrace
 
-    # One window holds every step: the loop measures the scheduler thread alone.
-    llmtrace.instrument(exporter="none", metrics=False, gpu="off", engine_window_steps=steps + 2,
-                        engine_window_s=3600)
+    # The default windows (256 steps or 1 s): a closed window's spans are built on the span
+    # builder's thread, which neither measure counts (thread CPU time, the main thread's instructions).
+    llmtrace.instrument(exporter="none", metrics=False, gpu="off")
 
 
 def count_instructions(batch_size: int) -> None:
@@ -175,7 +175,7 @@ def count_instructions(batch_size: int) -> None:
     per_step = {arm: (total(1500, arm) - total(500, arm)) / 1000 for arm in ("bare", "traced")}
     adapter = per_step["traced"] - per_step["bare"]
     # This machine's rate for the traced loop, outside valgrind: thread CPU time / instructions.
-    _instrument(3000)
+    _instrument()
     cpu_us = statistics.median(run(1000, batch_size, traced=True) for _ in range(5))
     us = adapter * cpu_us / per_step["traced"]
     print(f"scheduler thread, batch {batch_size}: adapter {adapter / 1000:.1f}k instructions per step "
@@ -195,7 +195,7 @@ def main() -> None:
     if args.instructions:
         count_instructions(args.batch)
         return
-    _instrument(args.steps * (args.repeat + 1))
+    _instrument()
     if args.loop_only:  # one loop and nothing else, for count_instructions()
         run(args.steps, args.batch, traced=args.loop_only == "traced")
         os._exit(0)  # skip the interpreter's teardown: its instructions would not cancel out

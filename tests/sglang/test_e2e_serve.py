@@ -25,7 +25,8 @@ from tests.sglang.conftest import driven, subprocess_env
 from tests.stack.stack import OtelStack
 from tests.vllm import serve_driver, trace_checks
 
-pytestmark = [pytest.mark.sglang, pytest.mark.stack]
+#: A cold SGLang environment (built by the session fixture) plus a server start on two cores.
+pytestmark = [pytest.mark.sglang, pytest.mark.stack, pytest.mark.timeout(2400)]
 
 #: 41 tokens with the test tokenizer: three prefill chunks of CHUNK tokens.
 LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 4) + " hello"

@@ -10,7 +10,8 @@ import pytest
 from llmtrace.integrations.sglang import _constants as C
 from tests.sglang.conftest import driven, run_probes
 
-pytestmark = pytest.mark.sglang
+#: A cold SGLang environment (built by the session fixture) plus SGLang's import on two cores.
+pytestmark = [pytest.mark.sglang, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")

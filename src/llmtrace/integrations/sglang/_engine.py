@@ -148,7 +148,8 @@ def _outputs(reqs: Any) -> None:
         # A decode step (the common case): one token per running request, recorded for the whole
         # batch after the step (``_processed``); here only the requests that finished.
         for req in reqs or ():
-            if req.finished() and (handle := handles.get(req.rid)) is not None:
+            # ``req.finished()`` is exactly this test; inlined: it runs for every request every step.
+            if req.finished_reason is not None and (handle := handles.get(req.rid)) is not None:
                 _finished(state, handle, req, now)
         return
     for req in reqs or ():

@@ -136,15 +136,24 @@ def engine_id(dp_rank: Any, tp_rank: Any, tp_size: Any) -> str:
     return f"dp{dp}-tp{_number(tp_rank, int) or 0}" if tp_ranks > 1 else f"dp{dp}"
 
 
+#: Forward modes seen so far -> their names (read once per engine step: a dict hit after the first).
+_MODE_NAMES: dict[Any, str] = {}
+
+
 def forward_mode(batch: Any) -> str:
     """``extend`` (prefill, also chunked), ``decode``, ``mixed`` (prefill chunk + decodes) or ``idle``."""
     mode = getattr(batch, "forward_mode", None)
+    try:
+        return _MODE_NAMES[mode]
+    except (KeyError, TypeError):
+        pass
     name = str(getattr(mode, "name", "") or "").lower()
     if not name:
         return "unknown"
-    if name in {"decode", "mixed", "idle"}:
-        return name
-    return "extend" if "extend" in name else name
+    label = name if name in {"decode", "mixed", "idle"} else ("extend" if "extend" in name else name)
+    if len(_MODE_NAMES) < 64:  # an enum has a handful of members; never grow without bound
+        _MODE_NAMES[mode] = label
+    return label
 
 
 def batch_info(batch: Any) -> BatchInfo:
