@@ -76,7 +76,7 @@ def targets() -> dict[str, Any]:
 
 def objects() -> dict[str, Any]:
     """The extractors on real SGLang objects, and the carrier through SGLang's own pickling."""
-    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.observability.req_time_stats import APIServerReqTimeStats, SchedulerReqTimeStats
@@ -113,6 +113,7 @@ def objects() -> dict[str, Any]:
         "single_ids": X.request_ids(single),
         "single_params": X.request_params(single).__dict__,
         "batch_ids": len(X.request_ids(batch)),
+        "operations": [X.operation(single), X.operation(EmbeddingReqInput(text="x"))],
         "batch_max_tokens": [X.request_params(batch, i).max_tokens for i in range(2)],
         "engine_request": X.engine_request(_tokenized(SamplingParams(max_new_tokens=5, temperature=0.0)))[1:2],
         "engine_params": X.engine_request(_tokenized(SamplingParams(max_new_tokens=5, top_p=0.5)))[2].__dict__,

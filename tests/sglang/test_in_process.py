@@ -60,6 +60,7 @@ def test_request_parameters_from_sglangs_request_structs(probed: dict[str, Any])
     assert (7, 0.5, 0.9, True) == (single["max_tokens"], single["temperature"], single["top_p"], single["stream"])
     assert single["request_id"] == objects["single_ids"][0]
     assert 2 == objects["batch_ids"]
+    assert ["text_completion", "embeddings"] == objects["operations"]
     assert [3, 4] == objects["batch_max_tokens"]
     assert [3] == objects["engine_request"]  # prompt tokens of a TokenizedGenerateReqInput
     assert (5, 0.5) == (objects["engine_params"]["max_tokens"], objects["engine_params"]["top_p"])

@@ -45,13 +45,15 @@ API = _ApiState()
 def _open_requests(manager: Any, obj: Any, arrival_ns: int) -> list[RequestHandle]:
     handles = []
     model = X.served_model(manager)
+    operation = X.operation(obj)
     for index, request_id in enumerate(X.request_ids(obj)):
         if request_id in API.open:
             continue
         params = X.request_params(obj, index)
         handle = start_request(request_id, model=model, max_tokens=params.max_tokens,
                                temperature=params.temperature, top_p=params.top_p, stream=params.stream,
-                               attributes={semconv.GEN_AI_SYSTEM: "sglang"}, arrival_ns=arrival_ns)
+                               operation=operation, attributes={semconv.GEN_AI_SYSTEM: "sglang"},
+                               arrival_ns=arrival_ns)
         # The scheduler emits queue/prefill/decode: never derive them here, also on an early abort.
         handle.handed_to_engine()
         API.add(handle)

@@ -7,8 +7,10 @@ server's ``llm.request`` through the carrier on the request's time stats);
 scheduling SGLang runs batch N+1 before it processes batch N's result (on a copy of the
 batch), so a step is keyed by the batch until ``run_batch`` returns and by the result
 after. The output streamer (called inside ``process_batch_result``, and for requests the
-scheduler ends early) counts each request's new tokens and, before the message leaves,
-puts the engine's durations on the request's time stats for the HTTP server.
+scheduler ends early) ends the finished requests and, before the message leaves, puts the
+engine's durations on the request's time stats for the HTTP server; it counts each
+request's new tokens itself in prefill steps, while a decode step gives every request of its
+batch one token in one pass after the step.
 ``ScheduleBatch.retract_decode`` is preemption: the retracted requests queue again.
 """
 
@@ -127,10 +129,15 @@ def handle_generate_wrapper(positions: dict[str, int]) -> Wrapper:
     get_request = binder(positions, "recv_req")
 
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        arrival = monotonic_ns()
-        result = wrapped(*args, **kwargs)
-        _engine_add(instance, get_request(args, kwargs), arrival)
-        return result
+        # Opened before SGLang handles it: a request SGLang rejects at once (too long, queue full)
+        # is ended inside the call, through the output streamer or ``send_abort_output``.
+        recv_req = get_request(args, kwargs)
+        _engine_add(instance, recv_req, monotonic_ns())
+        try:
+            return wrapped(*args, **kwargs)
+        except BaseException:
+            _ended_early(recv_req)
+            raise
 
     return wrapper
 

@@ -89,6 +89,11 @@ def request_ids(obj: Any) -> list[str]:
     return []
 
 
+def operation(obj: Any) -> str:
+    """``gen_ai.operation.name``: ``embeddings`` for an ``EmbeddingReqInput``, else ``text_completion``."""
+    return "embeddings" if type(obj).__name__.startswith("Embedding") else "text_completion"
+
+
 def request_params(obj: Any, index: int = 0) -> RequestParams:
     """Sub-request *index* of a normalised ``GenerateReqInput`` (its sampling params are a dict or a list)."""
     ids = request_ids(obj)
