@@ -1,4 +1,5 @@
-"""The all-or-nothing target check shared by the engine adapters (vLLM, SGLang).
+"""What the engine adapters (vLLM, SGLang) share: the all-or-nothing target check and the
+instrumentor built on it, argument binding by name, and number coercion for engine values.
 
 An engine adapter wraps a dozen methods spread over several modules and processes.
 Before it patches anything, every target is imported and checked: the method is
@@ -11,11 +12,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import wrapt
+
+from llmtrace._safety import warn_once
+from llmtrace.integrations._base import Instrumentor
 
 Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
 Getter = Callable[[tuple[Any, ...], dict[str, Any]], Any]
@@ -98,3 +103,64 @@ def version_tuple(version: str | None) -> tuple[int, ...] | None:
 def version_supported(version: str | None, low: tuple[int, ...], high_exclusive: tuple[int, ...]) -> bool:
     parsed = version_tuple(version)
     return parsed is not None and low <= parsed < high_exclusive
+
+
+def number(value: Any, kind: type) -> Any:
+    """*value* as an int or float (*kind*); None for None, a bool, garbage, NaN or infinity."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        result = kind(value)
+    except (TypeError, ValueError):
+        return None
+    if isinstance(result, float) and not math.isfinite(result):
+        return None
+    return result
+
+
+class EngineInstrumentor(Instrumentor):
+    """An engine adapter: the installed version and every target are checked before anything is
+    patched; any problem logs one warning naming it and the adapter stays off."""
+
+    #: How the warning names the engine ("vLLM").
+    label: ClassVar[str] = ""
+    targets: ClassVar[tuple[Target, ...]] = ()
+    supported_min: ClassVar[tuple[int, ...]] = ()
+    supported_max_exclusive: ClassVar[tuple[int, ...]] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.problems: list[str] = []
+
+    def instrument(self, **options: Any) -> None:
+        """Check the installed engine first: an unsupported version or any changed target -> off."""
+        if self.active:
+            return
+        try:
+            self.problems = self.preflight()
+        except Exception as exc:  # noqa: BLE001 - a broken check must not break the engine's import
+            self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
+        if self.problems:
+            warn_once(f"{self.name}:off", "llmtrace: %s adapter is OFF for %s %s (supported %s): %s", self.label,
+                      self.distribution, self.installed_version(), self.supported, "; ".join(self.problems))
+            return
+        super().instrument(**options)
+
+    def preflight(self) -> list[str]:
+        version = self.installed_version()
+        if not version_supported(version, self.supported_min, self.supported_max_exclusive):
+            return [f"version {version} is outside the supported range {self.supported}"]
+        return check_targets(self.targets)[1]
+
+    def wrapper_for(self, checked: Checked) -> Wrapper | None:
+        """The wrapper of a checked target; None for a target that is checked but not wrapped."""
+        raise NotImplementedError
+
+    def _patch(self) -> None:
+        checked, problems = check_targets(self.targets)
+        if problems:  # changed between preflight and now (a concurrent import): stay off
+            raise RuntimeError("; ".join(problems))
+        for item in checked:
+            wrapper = self.wrapper_for(item)
+            if wrapper is not None and not self.patches.wrap(item.target.module, item.target.path, wrapper):
+                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")

@@ -7,12 +7,12 @@ stand-ins alike. Nothing here imports SGLang.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from llmtrace import semconv
+from llmtrace.integrations._targets import number
 from llmtrace.integrations.sglang._constants import CARRY_ATTR
 
 #: SGLang finish-reason ``type`` -> the reason llmtrace records (``stop`` covers a matched stop
@@ -61,16 +61,7 @@ class OutputRow:
     carried: Mapping[str, Any] | None
 
 
-def _number(value: Any, kind: type) -> Any:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        return None
-    if isinstance(number, float) and not math.isfinite(number):
-        return None
-    return number
+_number = number  # read engine values leniently (None for garbage)
 
 
 def _item(values: Any, index: int) -> Any:

@@ -15,11 +15,8 @@ the process whose manager calls it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from llmtrace._safety import warn_once
 from llmtrace.integrations import _targets
-from llmtrace.integrations._base import Instrumentor
 from llmtrace.integrations._targets import Checked, Wrapper
 from llmtrace.integrations.sglang import _api, _detokenizer, _engine
 from llmtrace.integrations.sglang import _constants as C
@@ -48,46 +45,20 @@ def check_targets(targets: tuple[_targets.Target, ...] = C.TARGETS) -> tuple[lis
     return _targets.check_targets(targets)
 
 
-class SglangInstrumentor(Instrumentor):
+class SglangInstrumentor(_targets.EngineInstrumentor):
     """SGLang (``sglang.srt``): request traces in the HTTP server, engine windows per scheduler rank."""
 
     name = "sglang"
+    label = "SGLang"
     trigger = C.TRIGGER
     distribution = C.DISTRIBUTION
     supported = C.SUPPORTED
+    targets = C.TARGETS
+    supported_min = C.SUPPORTED_MIN
+    supported_max_exclusive = C.SUPPORTED_MAX_EXCLUSIVE
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.problems: list[str] = []
-
-    def instrument(self, **options: Any) -> None:
-        """Check the installed SGLang first: an unsupported version or any changed target -> off."""
-        if self.active:
-            return
-        try:
-            self.problems = self.preflight()
-        except Exception as exc:  # noqa: BLE001 - a broken check must not break SGLang's import
-            self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
-        if self.problems:
-            warn_once("sglang:off", "llmtrace: SGLang adapter is OFF for sglang %s (supported %s): %s",
-                      self.installed_version(), C.SUPPORTED, "; ".join(self.problems))
-            return
-        super().instrument(**options)
-
-    def preflight(self) -> list[str]:
-        version = self.installed_version()
-        if not _targets.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE):
-            return [f"version {version} is outside the supported range {C.SUPPORTED}"]
-        return check_targets()[1]
-
-    def _patch(self) -> None:
-        checked, problems = check_targets()
-        if problems:  # changed between preflight and now (a concurrent import): stay off
-            raise RuntimeError("; ".join(problems))
-        for item in checked:
-            factory = _FACTORIES[item.target.path]
-            if not self.patches.wrap(item.target.module, item.target.path, factory(item.positions)):
-                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")
+    def wrapper_for(self, checked: Checked) -> Wrapper | None:
+        return _FACTORIES[checked.target.path](checked.positions)
 
     def _unpatch(self) -> None:
         _engine.reset()

@@ -8,13 +8,12 @@ plain stand-ins alike. Nothing here imports vLLM.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llmtrace import semconv
-from llmtrace.integrations._targets import version_supported, version_tuple  # noqa: F401 - read here by the tests
+from llmtrace.integrations._targets import number, version_supported, version_tuple  # noqa: F401 - tests read the last two here
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
@@ -60,16 +59,7 @@ class OutputEvent:
     finish_reason: str | None
 
 
-def _number(value: Any, kind: type) -> Any:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        return None
-    if isinstance(number, float) and not math.isfinite(number):
-        return None
-    return number
+_number = number  # read engine values leniently (None for garbage)
 
 
 def _length(value: Any) -> int | None:

@@ -10,11 +10,8 @@ an llmtrace error is logged once and counted, never raised.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from llmtrace._safety import warn_once
 from llmtrace.integrations import _targets
-from llmtrace.integrations._base import Instrumentor
 from llmtrace.integrations._targets import Checked
 from llmtrace.integrations.vllm import _api, _engine
 from llmtrace.integrations.vllm import _constants as C
@@ -47,48 +44,25 @@ def _wrapper_for(checked: Checked) -> Wrapper | None:
     return factory(positions) if factory is not None else None
 
 
-class VllmInstrumentor(Instrumentor):
+class VllmInstrumentor(_targets.EngineInstrumentor):
     """vLLM (v1 engine): request traces in the API server, engine windows in EngineCore."""
 
     name = "vllm"
+    label = "vLLM"
     trigger = C.TRIGGER
     distribution = C.DISTRIBUTION
     supported = C.SUPPORTED
+    targets = C.TARGETS
+    supported_min = C.SUPPORTED_MIN
+    supported_max_exclusive = C.SUPPORTED_MAX_EXCLUSIVE
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.problems: list[str] = []
-
-    def instrument(self, **options: Any) -> None:
-        """Check the installed vLLM first: an unsupported version or any changed target -> off."""
-        if self.active:
-            return
-        try:
-            self.problems = self.preflight()
-        except Exception as exc:  # noqa: BLE001 - a broken check must not break vLLM's import
-            self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
-        if self.problems:
-            warn_once("vllm:off", "llmtrace: vLLM adapter is OFF for vllm %s (supported %s): %s",
-                      self.installed_version(), C.SUPPORTED, "; ".join(self.problems))
-            return
-        super().instrument(**options)
-
-    def preflight(self) -> list[str]:
-        version = self.installed_version()
-        if not _targets.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE):
-            return [f"version {version} is outside the supported range {C.SUPPORTED}"]
-        return check_targets()[1]
-
-    def _patch(self) -> None:
-        checked, problems = check_targets()
-        if problems:  # changed between preflight and now (a concurrent import): stay off
-            raise RuntimeError("; ".join(problems))
-        for item in checked:
-            if item.target.path in C.CHECK_ONLY:
-                continue
-            wrapper = _wrapper_for(item)
-            if wrapper is None or not self.patches.wrap(item.target.module, item.target.path, wrapper):
-                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")
+    def wrapper_for(self, checked: Checked) -> Wrapper | None:
+        if checked.target.path in C.CHECK_ONLY:
+            return None
+        wrapper = _wrapper_for(checked)
+        if wrapper is None:
+            raise RuntimeError(f"no wrapper for {checked.target.module}.{checked.target.path}")
+        return wrapper
 
     def _unpatch(self) -> None:
         _engine.reset()
