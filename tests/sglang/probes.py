@@ -52,7 +52,7 @@ def targets() -> dict[str, Any]:
     def run_batch(self: Any, renamed: Any) -> Any:  # a changed signature
         return None
 
-    Scheduler.run_batch = run_batch  # type: ignore[method-assign]
+    Scheduler.run_batch = run_batch
     try:
         changed = SglangInstrumentor()
         changed.instrument()
@@ -60,7 +60,7 @@ def targets() -> dict[str, Any]:
                                        "untouched": _raw(C.TARGETS[0]) is before[f"{C.TARGETS[0].module}:"
                                                                                  f"{C.TARGETS[0].path}"]}
     finally:
-        Scheduler.run_batch = original  # type: ignore[method-assign]
+        Scheduler.run_batch = original
 
     old = SglangInstrumentor.installed_version
     SglangInstrumentor.installed_version = classmethod(lambda cls: "0.9.0")  # type: ignore[method-assign,assignment]

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from scripts.otel_stack.stack import OtelStack
 from tests.sglang import server as sglang_server
 from tests.sglang.conftest import driven, subprocess_env
-from tests.stack.stack import OtelStack
 from tests.vllm import serve_driver, trace_checks
 
 #: A cold SGLang environment (built by the session fixture) plus a server start on two cores.

@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
+from llmtrace._version import __version__
 from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
@@ -23,6 +24,7 @@ from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_pha
 from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
+from llmtrace.analysis.prefix_cache import PrefixCacheStats, prefix_cache_stats
 from llmtrace.analysis.stats import pcts
 
 _T = TypeVar("_T")
@@ -65,6 +67,8 @@ class Analysis:
     anomalies: tuple[Anomaly, ...]
     samples: Mapping[str, list[float]]
     views: Mapping[str, Any] = field(default_factory=dict)
+    #: None where no engine reported prompt provenance.
+    prefix_cache: PrefixCacheStats | None = None
 
 
 def _stride(values: Sequence[_T], cap: int) -> list[_T]:
@@ -106,8 +110,10 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     phases = phase_breakdown(per_phase, e2e)
     share = {p.phase: p.share for p in phases}
     idle = tuple(engine_idle(e, reqs, ts.tokenize) for e in ts.engines.values())
+    prefix = prefix_cache_stats(reqs)
     diagnosis = bn.diagnose(
-        bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0))
+        bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0),
+                    share.get("prefill", 0.0), prefix)
     )
     starts = [_step_starts(e) for e in ts.engines.values()]  # read by the windows and the timeline
     windows = tuple(_window_verdicts(ts.engines, idle, starts))
@@ -135,11 +141,14 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
         anomalies,
         samples,
     )
-    views = {
+    views: dict[str, Any] = {
         "timeline": _timeline(ts.engines, idle, starts),
         "scatter": _scatter(reqs, anomalies),
     }
-    return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views})
+    if prefix is not None:
+        views["ttft_vs_cached"] = [list(p) for p in prefix.points]
+    fields = {f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}
+    return Analysis(**{**fields, "views": views, "prefix_cache": prefix})
 
 
 def _request_stats(
@@ -261,8 +270,6 @@ def _diag_json(d: bn.Diagnosis) -> dict[str, Any]:
 
 def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
     """The versioned summary (see docs/analysis.md for every key)."""
-    from llmtrace.analysis import __version__
-
     counts: dict[str, int] = {}
     for w in a.windows:
         counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1
@@ -354,6 +361,15 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
         ],
         "samples": a.samples,
     }
+    if a.prefix_cache is not None:
+        p = a.prefix_cache
+        out["prefix_cache"] = {
+            "requests": p.requests,
+            "hit_ratio": p.hit_ratio,
+            "hit_requests": p.hit_requests,
+            "tokens": {"computed": p.computed_tokens, "cached": p.cached_tokens, "transferred": p.transferred_tokens},
+            "ttft_p50_s": {"hit": p.ttft_hit_p50_s, "miss": p.ttft_miss_p50_s},
+        }
     if include_views:
         out["views"] = a.views
     return _clean(out)  # type: ignore[no-any-return]

@@ -84,7 +84,7 @@ def binder(positions: dict[str, int], name: str) -> Getter:
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparseable."""
+    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparsable."""
     if not version:
         return None
     parts: list[int] = []
@@ -132,7 +132,7 @@ class EngineInstrumentor(Instrumentor):
         super().__init__()
         self.problems: list[str] = []
 
-    def instrument(self, **options: Any) -> None:
+    def instrument(self) -> None:
         """Check the installed engine first: an unsupported version or any changed target -> off."""
         if self.active:
             return
@@ -144,7 +144,7 @@ class EngineInstrumentor(Instrumentor):
             warn_once(f"{self.name}:off", "llmtrace: %s adapter is OFF for %s %s (supported %s): %s", self.label,
                       self.distribution, self.installed_version(), self.supported, "; ".join(self.problems))
             return
-        super().instrument(**options)
+        super().instrument()
 
     def preflight(self) -> list[str]:
         version = self.installed_version()

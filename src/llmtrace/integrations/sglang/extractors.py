@@ -61,7 +61,6 @@ class OutputRow:
     carried: Mapping[str, Any] | None
 
 
-_number = number  # read engine values leniently (None for garbage)
 
 
 def _item(values: Any, index: int) -> Any:
@@ -95,9 +94,9 @@ def request_params(obj: Any, index: int = 0) -> RequestParams:
     stream = getattr(obj, "stream", None)
     return RequestParams(
         request_id=ids[index] if index < len(ids) else "",
-        max_tokens=_number(params.get("max_new_tokens"), int),
-        temperature=_number(params.get("temperature"), float),
-        top_p=_number(params.get("top_p"), float),
+        max_tokens=number(params.get("max_new_tokens"), int),
+        temperature=number(params.get("temperature"), float),
+        top_p=number(params.get("top_p"), float),
         stream=stream if isinstance(stream, bool) else None,
     )
 
@@ -113,8 +112,8 @@ def engine_request(recv_req: Any) -> tuple[str, int | None, RequestParams]:
     rid = str(getattr(recv_req, "rid", "") or "")
     stream = getattr(recv_req, "stream", None)
     return rid, prompt_tokens, RequestParams(
-        rid, _number(getattr(sampling, "max_new_tokens", None), int),
-        _number(getattr(sampling, "temperature", None), float), _number(getattr(sampling, "top_p", None), float),
+        rid, number(getattr(sampling, "max_new_tokens", None), int),
+        number(getattr(sampling, "temperature", None), float), number(getattr(sampling, "top_p", None), float),
         stream if isinstance(stream, bool) else None)
 
 
@@ -127,9 +126,9 @@ def served_model(tokenizer_manager: Any) -> str | None:
 
 def engine_id(dp_rank: Any, tp_rank: Any, tp_size: Any) -> str:
     """``dp<rank>`` for one scheduler per device group; ``dp<rank>-tp<rank>`` when TP splits the group."""
-    dp = _number(dp_rank, int) or 0
-    tp_ranks = _number(tp_size, int) or 1
-    return f"dp{dp}-tp{_number(tp_rank, int) or 0}" if tp_ranks > 1 else f"dp{dp}"
+    dp = number(dp_rank, int) or 0
+    tp_ranks = number(tp_size, int) or 1
+    return f"dp{dp}-tp{number(tp_rank, int) or 0}" if tp_ranks > 1 else f"dp{dp}"
 
 
 #: Forward modes seen so far -> their names (read once per engine step: a dict hit after the first).
@@ -160,9 +159,9 @@ def batch_info(batch: Any) -> BatchInfo:
     mode = forward_mode(batch)
     if mode == "decode":
         return BatchInfo(ids, mode, 0, len(ids))
-    extend = _number(getattr(batch, "extend_num_tokens", None), int)
+    extend = number(getattr(batch, "extend_num_tokens", None), int)
     if extend is None:
-        extend = sum(_number(getattr(req, "extend_input_len", 0), int) or 0 for req in reqs)
+        extend = sum(number(getattr(req, "extend_input_len", 0), int) or 0 for req in reqs)
     decoding = len(getattr(batch, "decoding_reqs", None) or ()) if mode == "mixed" else 0
     return BatchInfo(ids, mode, max(0, extend - decoding), decoding)
 
@@ -232,7 +231,7 @@ def summary(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return None
     clean: dict[str, Any] = {}
     for key, kind in _SUMMARY_FIELDS.items():
-        value = _number(raw.get(key), kind)
+        value = number(raw.get(key), kind)
         if value is not None and value >= 0:
             clean[key] = value
     return clean
@@ -244,7 +243,7 @@ def first_token_summary(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def detokenize_ns(values: Mapping[str, Any] | None) -> int:
-    value = _number(values.get("detokenize_ns"), int) if values else None
+    value = number(values.get("detokenize_ns"), int) if values else None
     return value if value is not None and value > 0 else 0
 
 
@@ -259,7 +258,7 @@ def output_rows(recv_obj: Any) -> list[OutputRow]:
     stats = getattr(recv_obj, "time_stats", None)
     rows = []
     for i, rid in enumerate(rids):
-        rows.append(OutputRow(str(rid), _number(_item(completion, i), int), _number(_item(cached, i), int),
-                              _number(_item(prompt, i), int), finish_reason(_item(reasons, i)),
+        rows.append(OutputRow(str(rid), number(_item(completion, i), int), number(_item(cached, i), int),
+                              number(_item(prompt, i), int), finish_reason(_item(reasons, i)),
                               carried(_item(stats, i))))
     return rows

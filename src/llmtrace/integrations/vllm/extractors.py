@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmtrace import semconv
-from llmtrace.integrations._targets import number, version_supported, version_tuple  # noqa: F401 - tests read the last two here
+from llmtrace.integrations._targets import number
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
@@ -24,7 +24,8 @@ _OUTPUT_KIND_DELTA = 1
 #: Summary keys (and their types) accepted from another process; anything else is dropped.
 _SUMMARY_FIELDS: dict[str, type] = {"queue_s": float, "prefill_s": float, "decode_s": float,
                                     "decode_stall_s": float, "preemptions": int, "first_step": int,
-                                    "last_step": int, "decode_steps": int}
+                                    "last_step": int, "decode_steps": int, "cached_tokens": int,
+                                    "transferred_tokens": int, "draft_tokens": int, "accepted_tokens": int}
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RequestParams:
     temperature: float | None
     top_p: float | None
     stream: bool | None
+    lora: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class BatchInfo:
     decode_tokens: int
     preempted_ids: tuple[str, ...]
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens of the newly admitted requests the prefix cache served
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,6 @@ class OutputEvent:
     finish_reason: str | None
 
 
-_number = number  # read engine values leniently (None for garbage)
 
 
 def _length(value: Any) -> int | None:
@@ -72,18 +74,37 @@ def _length(value: Any) -> int | None:
 def request_params(request: Any) -> RequestParams:
     """From an ``EngineCoreRequest`` (API side) or a ``Request`` (engine side)."""
     sampling = getattr(request, "sampling_params", None)
-    prompt_tokens = _number(getattr(request, "num_prompt_tokens", None), int)
+    prompt_tokens = number(getattr(request, "num_prompt_tokens", None), int)
     if prompt_tokens is None:
         prompt_tokens = _length(getattr(request, "prompt_token_ids", None))
     kind = getattr(getattr(sampling, "output_kind", None), "value", None)
     return RequestParams(
         request_id=str(getattr(request, "request_id", "")),
         prompt_tokens=prompt_tokens,
-        max_tokens=_number(getattr(sampling, "max_tokens", None), int),
-        temperature=_number(getattr(sampling, "temperature", None), float),
-        top_p=_number(getattr(sampling, "top_p", None), float),
+        max_tokens=number(getattr(sampling, "max_tokens", None), int),
+        temperature=number(getattr(sampling, "temperature", None), float),
+        top_p=number(getattr(sampling, "top_p", None), float),
         stream=None if kind is None else kind == _OUTPUT_KIND_DELTA,
+        lora=lora_name(getattr(request, "lora_request", None)),
     )
+
+
+def lora_name(lora_request: Any) -> str | None:
+    """The adapter's name from a ``LoRARequest`` (None for the base model)."""
+    name = getattr(lora_request, "lora_name", None) if lora_request is not None else None
+    return name if isinstance(name, str) and name else None
+
+
+def prefill_cache(prefill_stats: Any) -> tuple[int, int] | None:
+    """(prefix-cache hits, KV-transfer tokens) from the ``PrefillStats`` vLLM puts on a
+    request's first ``EngineCoreOutput``; None when absent or malformed."""
+    if prefill_stats is None:
+        return None
+    local = number(getattr(prefill_stats, "num_local_cached_tokens", None), int)
+    external = number(getattr(prefill_stats, "num_external_cached_tokens", None), int)
+    if local is None or local < 0:
+        return None
+    return local, external if external is not None and external >= 0 else 0
 
 
 def model_name(vllm_config: Any) -> str | None:
@@ -98,7 +119,7 @@ def model_name(vllm_config: Any) -> str | None:
 def engine_id(vllm_config: Any) -> str:
     """``dp<rank>``: one scheduler per data-parallel rank drives one device group."""
     parallel = getattr(vllm_config, "parallel_config", None)
-    rank = _number(getattr(parallel, "data_parallel_rank", None), int)
+    rank = number(getattr(parallel, "data_parallel_rank", None), int)
     return f"dp{rank or 0}"
 
 
@@ -113,12 +134,13 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
     # Called once per engine step: a tight loop over the batch, no per-request helper calls.
     scheduled: Mapping[str, int] = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     new_reqs = getattr(scheduler_output, "scheduled_new_reqs", None) or ()
-    prefill = 0
+    prefill = cached_tokens = 0
     new_ids: set[str] = set()
     for new in new_reqs:
         new_id: str = getattr(new, "req_id", "")
         new_ids.add(new_id)
         prefill += int(scheduled.get(new_id, 0))
+        cached_tokens += getattr(new, "num_computed_tokens", 0) or 0
     cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
     decode = 0
     for request_id, done in zip(getattr(cached, "req_ids", None) or (),
@@ -134,14 +156,14 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
         else:
             decode += n
     preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
-    total = _number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
+    total = number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
     return BatchInfo(tuple(scheduled), prefill, decode, tuple(sorted(preempted)),
-                     total if total is not None else prefill + decode)
+                     total if total is not None else prefill + decode, cached_tokens)
 
 
 def kv_cache_usage(value: Any) -> float | None:
     """A 0..1 fraction, or None when the engine reports nothing sensible."""
-    usage: float | None = _number(value, float)
+    usage: float | None = number(value, float)
     if usage is None:
         return None
     return min(1.0, max(0.0, usage))
@@ -151,7 +173,7 @@ def queue_counts(value: Any) -> tuple[int | None, int | None]:
     """``Scheduler.get_request_counts()`` -> (waiting, running); it returns (running, waiting)."""
     if not isinstance(value, tuple) or len(value) != 2:
         return None, None
-    return _number(value[1], int), _number(value[0], int)
+    return number(value[1], int), number(value[0], int)
 
 
 def finish_reason(value: Any) -> str | None:
@@ -220,14 +242,14 @@ def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | 
         return None
     summary: dict[str, Any] = {}
     for key, kind in _SUMMARY_FIELDS.items():
-        value = _number(data.get(key), kind)
+        value = number(data.get(key), kind)
         if value is not None and value >= 0:
             summary[key] = value
     return summary
 
 
 #: What an engine knows at a request's first token.
-_FIRST_TOKEN_FIELDS = ("queue_s", "prefill_s", "preemptions", "first_step")
+_FIRST_TOKEN_FIELDS = ("queue_s", "prefill_s", "preemptions", "first_step", "cached_tokens", "transferred_tokens")
 
 
 def first_token_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
