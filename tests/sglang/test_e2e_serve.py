@@ -11,6 +11,7 @@ attention layers), because SGLang's own Llama cannot run on a CPU from its PyPI 
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -188,3 +189,18 @@ def test_the_trace_reaches_jaeger_whole(served: Served, otel_stack: OtelStack) -
     for name in ("llm.queue", "llm.prefill", "llm.decode", "llm.tokenize"):
         assert trace["llm.request"].span_id == trace[name].parent_span_id, name
     assert trace["POST /v1/completions"].span_id == trace["llm.request"].parent_span_id
+
+
+def test_overlap_scheduling_steps_overlap_and_each_keeps_its_own_phases(served: Served) -> None:
+    """SGLang's overlap scheduler (its default, on here) schedules and launches batch N+1 before it
+    processes batch N's result, so consecutive steps overlap in time. Keyed by batch, each step
+    still has exactly its own schedule -> forward -> postprocess, in that order, and links to
+    exactly the requests of its batch."""
+    steps = sorted((s for s in served.spans if s.name == "llm.step"), key=lambda s: s.start_ns)
+    overlapping = [(a, b) for a, b in itertools.pairwise(steps) if b.start_ns < a.end_ns]
+    assert overlapping, "no two steps overlap: overlap scheduling did not run"
+    kids = _children(served.spans)
+    for step in steps:
+        phases = sorted(kids[step.span_id], key=lambda s: s.start_ns)
+        assert ["llm.schedule", "llm.forward", "llm.postprocess"] == [p.name for p in phases if p.name != "llm.gc"]
+        assert step.attributes["llm.batch.size"] == len(step.attributes["llm.batch.request_ids"]) == len(step.links)
