@@ -79,7 +79,12 @@ def objects() -> dict[str, Any]:
     from sglang.srt.managers.io_struct import EmbeddingReqInput, GenerateReqInput
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_TOKEN
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
-    from sglang.srt.observability.req_time_stats import APIServerReqTimeStats, SchedulerReqTimeStats
+    from sglang.srt.observability.req_time_stats import (
+        APIServerReqTimeStats,
+        DPControllerReqTimeStats,
+        ReqTimeStatsBase,
+        SchedulerReqTimeStats,
+    )
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     single = GenerateReqInput(text="hello world", sampling_params={"max_new_tokens": 7, "temperature": 0.5,
@@ -102,6 +107,8 @@ def objects() -> dict[str, Any]:
         api_stats = APIServerReqTimeStats()
         X.carry(api_stats, carrier={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
         to_scheduler = pickle.loads(pickle.dumps(api_stats))
+        # The data-parallel controller copies the time stats into its own class (new_from_obj).
+        through_dp = pickle.loads(pickle.dumps(DPControllerReqTimeStats.new_from_obj(to_scheduler)))
         scheduler_stats = SchedulerReqTimeStats()
         X.carry(scheduler_stats, summary={"queue_s": 0.25, "preemptions": 1, "bogus": "x"})
         to_tokenizer = pickle.loads(pickle.dumps(scheduler_stats))
@@ -109,6 +116,7 @@ def objects() -> dict[str, Any]:
     finally:
         instrumentor.uninstrument()
     uninstrumented = pickle.loads(pickle.dumps(api_stats))
+    class_default_left = hasattr(ReqTimeStatsBase, C.CARRY_ATTR)
     return {
         "single_ids": X.request_ids(single),
         "single_params": X.request_params(single).__dict__,
@@ -125,6 +133,8 @@ def objects() -> dict[str, Any]:
         "decode_batch": X.batch_info(Batch(ForwardMode.DECODE, [Req("a"), Req("b")], None))._asdict(),
         "extend_batch": X.batch_info(Batch(ForwardMode.EXTEND, [Req("a")], 16))._asdict(),
         "carrier_across": X.carrier(X.carried(to_scheduler)),
+        "carrier_through_dp_controller": X.carrier(X.carried(through_dp)),
+        "class_default_left": class_default_left,
         "summary_across": X.summary(X.carried(to_tokenizer)),
         "plain_state_unchanged": plain_state == [SchedulerReqTimeStats().__getstate__(),
                                                  APIServerReqTimeStats().__getstate__()],

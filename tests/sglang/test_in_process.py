@@ -78,7 +78,11 @@ def test_the_carrier_crosses_sglangs_own_pickling_and_nothing_else_changes(probe
     """Forward: the W3C carrier; back: the engine summary (unknown keys dropped). Time stats without
     llmtrace values pickle exactly as before, and an uninstrumented SGLang carries nothing."""
     objects = probed["objects"]
-    assert {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"} == objects["carrier_across"]
+    carrier = {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}
+    assert carrier == objects["carrier_across"]
+    # SGLang's DP controller copies the time stats into its own class, keeping only known attributes.
+    assert carrier == objects["carrier_through_dp_controller"]
+    assert not objects["class_default_left"]  # uninstrument() removes the class default again
     assert {"queue_s": 0.25, "preemptions": 1} == objects["summary_across"]
     assert objects["plain_state_unchanged"]
     assert not objects["uninstrumented_carries"]

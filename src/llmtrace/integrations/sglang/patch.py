@@ -14,6 +14,7 @@ the process whose manager calls it.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from llmtrace.integrations import _targets
@@ -59,6 +60,15 @@ class SglangInstrumentor(_targets.EngineInstrumentor):
 
     def wrapper_for(self, checked: Checked) -> Wrapper | None:
         return _FACTORIES[checked.target.path](checked.positions)
+
+    def _patch(self) -> None:
+        super()._patch()
+        # SGLang copies a request's time stats into an object of another class with
+        # ``new_from_obj`` (the data-parallel controller on every request), keeping only the
+        # attributes the new object already has: a class default of None makes the carried
+        # values one of them. (An instance without them still reads as carrying nothing.)
+        stats = importlib.import_module(C.TIME_STATS_MODULE).ReqTimeStatsBase
+        self.patches.set_attr(stats, C.CARRY_ATTR, None)
 
     def _unpatch(self) -> None:
         _engine.reset()
