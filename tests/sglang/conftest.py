@@ -2,7 +2,7 @@
 and a report of what ran.
 
 SGLang 0.5.23 pins torch 2.14.1 (the main venv has vLLM's 2.14.0), so its tests run SGLang in
-its own environment, built once by ``scripts/sglang-env`` (~6 min, cached outside the clone,
+its own environment, built once by ``scripts/sglang-env`` (~8 min, cached outside the clone,
 keyed by its pins): the servers are started with that environment's python, and the tests
 that need SGLang objects in-process run a probe script in it (tests/sglang/probes.py). If the
 environment cannot be built, every test that needs it is skipped with the build's own error

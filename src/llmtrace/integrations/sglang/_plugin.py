@@ -10,15 +10,11 @@ It never raises (SGLang logs a plugin's exception, but a tracer must not be nois
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 
+from llmtrace.integrations import _engine_plugin
 from llmtrace.integrations.sglang._constants import PLUGIN_ENV
 
-log = logging.getLogger("llmtrace")
-
-_TRUE = ("1", "true", "yes", "on")
 #: SGLang's process entry functions (they call ``load_plugins()`` first) -> llmtrace process role.
 _ROLES = {"run_scheduler_process": "scheduler", "run_detokenizer_process": "detokenizer",
           "run_data_parallel_controller_process": "dp-controller"}
@@ -27,8 +23,7 @@ _MAX_FRAMES = 16
 
 
 def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get(PLUGIN_ENV, "").strip().lower() in _TRUE
+    return _engine_plugin.enabled_by_env(PLUGIN_ENV, environ)
 
 
 def process_role(function_names: list[str] | None = None) -> str:
@@ -52,16 +47,4 @@ def _caller_names() -> list[str]:
 
 def sglang_plugin() -> None:
     """Called by SGLang in each of its processes; turns llmtrace on when ``LLMTRACE_SGLANG=1``."""
-    try:
-        if not enabled_by_env():
-            return
-        from llmtrace import _instrument, instrument
-
-        if _instrument.current() is not None:
-            return  # the application called llmtrace.instrument() itself
-        options: dict[str, str] = {}
-        if not os.environ.get("LLMTRACE_PROCESS_ROLE"):
-            options["process_role"] = process_role()
-        instrument(**options)
-    except Exception as exc:  # noqa: BLE001 - a tracing plugin must never stop SGLang from starting
-        log.warning("llmtrace: SGLang plugin could not start tracing: %s", exc)
+    _engine_plugin.start("SGLang", PLUGIN_ENV, process_role)
