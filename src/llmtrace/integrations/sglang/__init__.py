@@ -55,8 +55,12 @@ so its values travel whether or not SGLang's own tracing is on: the W3C carrier 
 trace), the engine's phase *durations* and the detokenizer's time back to the HTTP
 server. Timestamps never cross a process; each side converts its own monotonic
 clock. With ``--enable-trace``, SGLang's request span is rooted under
-``llm.request`` (its external trace header is llmtrace's context) and llmtrace's
-spans go through the global provider SGLang installed: one tree per request.
+``llm.request`` (its external trace header is llmtrace's context): one tree per
+request. SGLang loads its plugins before it initialises its tracing, so llmtrace's
+provider is the global one and SGLang's spans go through it (OpenTelemetry refuses
+SGLang's own provider). The data-parallel controller copies each request's time
+stats into its own class; a class default on ``ReqTimeStatsBase`` makes the copy
+keep the carried values.
 Under overlap scheduling the steps overlap (batch N+1 is scheduled and launched
 before batch N's result is processed): a step is keyed by its batch, then by its
 result, never by "the current step". All span objects are built off the hot path
