@@ -177,6 +177,14 @@ def test_prefix_cache_hit_and_detokenizer_time_reach_the_request(served: Served)
     assert served.cached_prompt_tokens[1] == repeat.attributes["gen_ai.usage.input_tokens"]
     assert repeat.attributes["gen_ai.usage.input_tokens"] == (repeat.attributes["llm.prompt_tokens.cached"]
                                                               + repeat.attributes["llm.prompt_tokens.computed"])
+    # The steps that read those prefixes say so: the repeat's prefill step, and in all at least
+    # what the finished requests report (the aborted one reports none).
+    steps = [s for s in served.spans if s.name == "llm.step"]
+    rid = repeat.attributes["llm.request.id"]
+    assert any(s.attributes.get("llm.batch.cached_tokens", 0) >= cached for s in steps
+               if rid in (s.attributes.get("llm.batch.request_ids") or ()))
+    reported = sum(r.attributes.get("llm.prompt_tokens.cached", 0) for r in requests)
+    assert sum(s.attributes.get("llm.batch.cached_tokens", 0) for s in steps) >= reported > 0
     for request in requests:
         assert request.attributes["llm.detokenize.total_s"] > 0
         assert request.attributes["gen_ai.latency.time_in_queue"] >= 0

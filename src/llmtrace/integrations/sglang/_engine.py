@@ -21,7 +21,7 @@ from typing import Any
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
-from llmtrace.integrations._targets import Wrapper, binder
+from llmtrace.integrations._targets import Wrapper, binder, number
 from llmtrace.integrations.sglang import _constants as C
 from llmtrace.integrations.sglang import extractors as X
 from llmtrace.lifecycle.clock import monotonic_ns
@@ -42,6 +42,9 @@ class _EngineState:
         #: (each rank keeps its own engine timeline, for GPU idle per device).
         self.tracks_requests = not tp_rank
         self.preempted = 0  # retracted since the last step began
+        #: Each open request's prefix-cache hits counted so far (SGLang's ``req.cached_tokens``
+        #: grows when a prefill, or its first chunk, reads a prefix from the radix cache).
+        self.cached_seen: dict[str, int] = {}
 
 
 def _ranks(scheduler: Any) -> tuple[Any, Any, Any]:
@@ -178,6 +181,7 @@ def _outputs(reqs: Any) -> None:
 def _finished(state: _EngineState, handle: RequestHandle, req: Any, now: int) -> None:
     request_id = req.rid
     del state.handles[request_id]
+    state.cached_seen.pop(request_id, None)
     produced = len(req.output_ids) - handle.output_tokens
     if produced > 0:
         handle.token(produced, now)
@@ -203,6 +207,7 @@ def stream_output_wrapper(positions: dict[str, int]) -> Wrapper:
 def _ended_early(req: Any) -> None:
     """A request the scheduler ended outside the output stream (aborted while queued, rejected)."""
     for state in _CURRENT:
+        state.cached_seen.pop(str(getattr(req, "rid", "")), None)
         if state.handles.pop(str(getattr(req, "rid", "")), None) is not None:
             state.tracker.aborted(req.rid, reason=semconv.FINISH_ABORT)
 
@@ -263,10 +268,27 @@ def _scheduled(scheduler: Any, plan: Any, start_ns: int, end_ns: int) -> None:
                running=len(running) if running is not None else None,
                kv_cache_usage=X.kv_cache_usage(getattr(scheduler, "token_to_kv_pool_allocator", None),
                                                getattr(scheduler, "tree_cache", None)),
-               preempted=state.preempted)
+               preempted=state.preempted,
+               cached_tokens=_new_cache_hits(state, batch) if info.mode != "decode" else 0)
     state.preempted = 0
     step.set(semconv.LLM_BATCH_FORWARD_MODE, info.mode)
     _remember(batch, _Pending(batch, step, state, info.mode == "decode" and X.one_token_per_step(batch)))
+
+
+def _new_cache_hits(state: _EngineState, batch: Any) -> int:
+    """Prompt tokens this prefill step read from the radix cache: the growth of each request's
+    ``cached_tokens`` since the last step (SGLang counts it as it prepares the extend batch, once
+    per request: not on later chunks, not after a retraction)."""
+    hits = 0
+    seen, handles = state.cached_seen, state.handles
+    for req in getattr(batch, "reqs", None) or ():
+        cached = number(getattr(req, "cached_tokens", None), int) or 0
+        before = seen.get(req.rid, 0)
+        # Only requests this rank tracks: their entry goes when they end (a bounded map).
+        if cached > before and req.rid in handles:
+            hits += cached - before
+            seen[req.rid] = cached
+    return hits
 
 
 def get_next_batch_wrapper(positions: dict[str, int]) -> Wrapper:
