@@ -41,12 +41,17 @@ SERVE_ARGS = [*sglang_server.CPU_ARGS, "--max-total-tokens", "2048", "--chunked-
 EXPORT_WAIT_S = 4.0
 
 
+#: Over the test model's context length (4096 positions): SGLang rejects it before its scheduler.
+TOO_LONG_PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 600)
+
+
 @dataclass
 class Served:
     burst: serve_driver.Burst
     spans: list[trace_checks.Span]
     service: str
     cached_prompt_tokens: list[int]
+    rejected_status: int
 
 
 def _completion_twice(base: str) -> list[int]:
@@ -61,6 +66,18 @@ def _completion_twice(base: str) -> list[int]:
                                           temperature=0.0, extra_body={"ignore_eos": True})
         tokens.append(reply.usage.prompt_tokens)
     return tokens
+
+
+def _rejected(base: str) -> int:
+    """A prompt over the context length through the OpenAI client: SGLang's HTTP status."""
+    import openai
+
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        client.completions.create(model="tiny", prompt=TOO_LONG_PROMPT, max_tokens=4)
+    except openai.APIStatusError as exc:
+        return exc.status_code
+    return 200
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +96,7 @@ def served(sglang_python: str, tiny_model: Path, otel_stack: OtelStack,
     try:
         burst = serve_driver.burst(server, requests=REQUESTS, max_tokens=MAX_TOKENS, prompt=LONG_PROMPT,
                                    abort_first=1)
+        rejected_status = _rejected(server.base)
         prompt_tokens = _completion_twice(server.base)
         time.sleep(EXPORT_WAIT_S)
     finally:
@@ -86,13 +104,15 @@ def served(sglang_python: str, tiny_model: Path, otel_stack: OtelStack,
     driven("sglang.launch_server (HTTP server + TokenizerManager, Scheduler with chunked prefill, forced "
            "retraction and overlap scheduling, the model on the CPU, DetokenizerManager): streaming burst "
            "with a client disconnect, a prefix-cache hit through the openai client")
-    return Served(burst, trace_checks.load(traces), service, prompt_tokens)
+    return Served(burst, trace_checks.load(traces), service, prompt_tokens, rejected_status)
 
 
-def _requests(spans: list[trace_checks.Span]) -> list[trace_checks.Span]:
-    """The completions' llm.request spans (SGLang's /health runs a 1-token generation of its own)."""
+def _requests(spans: list[trace_checks.Span], *, rejected: bool = False) -> list[trace_checks.Span]:
+    """The completions' llm.request spans (SGLang's /health runs a 1-token generation of its own):
+    those that reached the scheduler, or (*rejected*) the ones SGLang refused before it."""
     posts = {s.span_id for s in spans if s.name == "POST /v1/completions"}
-    return [s for s in spans if s.name == "llm.request" and s.parent_id in posts]
+    return [s for s in spans if s.name == "llm.request" and s.parent_id in posts
+            and (s.attributes.get("llm.request.finish_reason") == "error") == rejected]
 
 
 def _children(spans: list[trace_checks.Span]) -> dict[str, list[trace_checks.Span]]:
@@ -219,3 +239,14 @@ def test_overlap_scheduling_steps_overlap_and_each_keeps_its_own_phases(served: 
         phases = sorted(kids[step.span_id], key=lambda s: s.start_ns)
         assert ["llm.schedule", "llm.forward", "llm.postprocess"] == [p.name for p in phases if p.name != "llm.gc"]
         assert step.attributes["llm.batch.size"] == len(step.attributes["llm.batch.request_ids"]) == len(step.links)
+
+
+def test_a_request_sglang_rejects_before_its_scheduler_ends_as_an_error(served: Served) -> None:
+    """A prompt over the context length: SGLang answers 400 from its TokenizerManager; the request's
+    record ends there (finish reason ``error``, status ERROR), with no scheduler phases."""
+    assert 400 == served.rejected_status
+    rejected = _requests(served.spans, rejected=True)
+    assert 1 == len(rejected)
+    assert rejected[0].status in ("STATUS_CODE_ERROR", "2")
+    assert [] == [k.name for k in _children(served.spans)[rejected[0].span_id]
+                  if k.name in ("llm.queue", "llm.prefill", "llm.decode")]

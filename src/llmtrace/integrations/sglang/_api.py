@@ -97,13 +97,24 @@ def init_req_state_wrapper(positions: dict[str, int]) -> Wrapper:
     return wrapper
 
 
+def _rid(obj: Any) -> str:
+    return str(getattr(obj, "rid", ""))
+
+
 @guarded("sglang.api.tokenize")
 def _tokenized(obj: Any, tokenized: Any, start_ns: int, end_ns: int) -> None:
-    handle = API.open.get(str(getattr(obj, "rid", "")))
+    handle = API.open.get(_rid(obj))
     if handle is None:
         return
     input_ids = getattr(tokenized, "input_ids", None)
     handle.tokenized(len(input_ids) if input_ids is not None else 0, start_ns, end_ns)
+
+
+@guarded("sglang.api.rejected")
+def _rejected(obj: Any, error: BaseException) -> None:
+    handle = API.open.pop(_rid(obj), None)
+    if handle is not None:
+        handle.aborted(error if isinstance(error, Exception) else None)
 
 
 def tokenize_wrapper(positions: dict[str, int]) -> Wrapper:
@@ -112,8 +123,14 @@ def tokenize_wrapper(positions: dict[str, int]) -> Wrapper:
     def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         async def run() -> Any:
             start = monotonic_ns()
-            with tokenizer_call():  # the tokenizer integrations stay out: this is the request's llm.tokenize
-                tokenized = await wrapped(*args, **kwargs)
+            try:
+                with tokenizer_call():  # the tokenizer integrations stay out: this is the request's llm.tokenize
+                    tokenized = await wrapped(*args, **kwargs)
+            except BaseException as exc:
+                # SGLang rejected it before the scheduler saw it (a prompt over the context length):
+                # SGLang drops the request's state, llmtrace ends its record with the error.
+                _rejected(get_obj(args, kwargs), exc)
+                raise
             _tokenized(get_obj(args, kwargs), tokenized, start, monotonic_ns())
             return tokenized
 
