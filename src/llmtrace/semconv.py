@@ -113,6 +113,8 @@ LLM_BATCH_SIZE: Final = "llm.batch.size"
 LLM_BATCH_PREFILL_TOKENS: Final = "llm.batch.prefill_tokens"
 LLM_BATCH_DECODE_TOKENS: Final = "llm.batch.decode_tokens"
 LLM_BATCH_REQUEST_IDS: Final = "llm.batch.request_ids"
+#: How the engine ran the batch, where it says: ``extend`` (prefill), ``decode``, ``mixed`` (SGLang).
+LLM_BATCH_FORWARD_MODE: Final = "llm.batch.forward_mode"
 LLM_BATCH_CACHED_TOKENS: Final = "llm.batch.cached_tokens"  # prompt tokens of the step served from the prefix cache
 LLM_QUEUE_WAITING: Final = "llm.queue.waiting"
 LLM_QUEUE_RUNNING: Final = "llm.queue.running"
