@@ -1,4 +1,4 @@
-"""``llmtrace`` command line: analyze, compare, demo, doctor.
+"""``llmtrace`` command line: analyze, compare, load, demo, doctor.
 
 A thin layer over :mod:`llmtrace.analysis` (and the demo/doctor modules, imported only
 when their subcommand runs). Any error a user can cause — a missing file, malformed JSON,
@@ -28,6 +28,7 @@ examples:
   llmtrace analyze http://localhost:16686 --service vllm --since 15m --html report.html
   llmtrace analyze traces.jsonl --json summary.json         # versioned JSON for CI / compare
   llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
+  llmtrace load http://localhost:8000 --profile steps --qps 1:32 --slo ttft=500ms   # capacity
   llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
   llmtrace doctor                                           # NVML, where spans go, integrations
 """
@@ -179,6 +180,12 @@ examples:
 """
 
 
+def _add_load(sub: Any) -> None:
+    from llmtrace.cli._load import add_load_parser
+
+    add_load_parser(sub, _number).set_defaults(func=_lazy("llmtrace.cli._load", "run_load_command"))
+
+
 def _add_demo(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
@@ -242,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_analyze(sub)
     _add_compare(sub)
+    _add_load(sub)
     _add_demo(sub)
     _add_doctor(sub)
     return parser

@@ -1,0 +1,72 @@
+"""The live progress line while a load runs (stderr, only on a terminal)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from llmtrace.load.model import Outcome, RequestResult, Step
+
+#: Redraw period, seconds: often enough to watch, rare enough to cost nothing next to the load.
+REDRAW_S = 0.5
+
+
+@dataclass
+class Tally:
+    """Counts kept as results arrive (also read by the self-check)."""
+
+    sent: int = 0
+    done: int = 0
+    ok: int = 0
+    errors: int = 0
+    chaos: int = 0
+    recent_ttft: list[float] = field(default_factory=list)
+
+    def add(self, result: RequestResult) -> None:
+        self.done += 1
+        if result.outcome is Outcome.OK:
+            self.ok += 1
+            if result.ttft_s is not None:
+                self.recent_ttft.append(result.ttft_s)
+                del self.recent_ttft[:-200]
+        elif result.outcome is Outcome.CHAOS:
+            self.chaos += 1
+        elif result.outcome is not Outcome.CANCELLED:
+            self.errors += 1
+
+
+class LiveLine:
+    """``step 3/7 qps=4 | sent 120, in flight 10 | ok 105, errors 2, chaos 3 | ttft p50 120 ms``"""
+
+    def __init__(self, steps: tuple[Step, ...], *, enabled: bool | None = None, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self.steps = steps
+        self._last = 0.0
+        self._drawn = False
+
+    def draw(self, tally: Tally, elapsed_s: float, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < REDRAW_S:
+            return
+        self._last = now
+        step = next((s for s in reversed(self.steps) if s.start_s <= elapsed_s), None)
+        where = f"step {step.index + 1}/{len(self.steps)} {step.label}" if step and len(self.steps) > 1 else (
+            step.label if step else "")
+        ttfts = sorted(tally.recent_ttft)
+        ttft = f" | ttft p50 {ttfts[len(ttfts) // 2] * 1000:.0f} ms" if ttfts else ""
+        line = (f"{elapsed_s:6.1f}s {where} | sent {tally.sent}, in flight {tally.sent - tally.done} | "
+                f"ok {tally.ok}, errors {tally.errors}, chaos {tally.chaos}{ttft}")
+        self.stream.write("\r\033[K" + line)
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        if self._drawn:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+            self._drawn = False
