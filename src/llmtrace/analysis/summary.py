@@ -20,6 +20,7 @@ from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
+from llmtrace.analysis.client_join import join_client_server
 from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
@@ -65,6 +66,9 @@ class Analysis:
     anomalies: tuple[Anomaly, ...]
     samples: Mapping[str, list[float]]
     views: Mapping[str, Any] = field(default_factory=dict)
+    #: Client and server joined, when a load client's CLIENT spans are in the traces
+    #: (analysis/client_join.py); None otherwise.
+    client: Mapping[str, Any] | None = None
 
 
 def _stride(values: Sequence[_T], cap: int) -> list[_T]:
@@ -139,7 +143,18 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
         "timeline": _timeline(ts.engines, idle, starts),
         "scatter": _scatter(reqs, anomalies),
     }
-    return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views})
+    client = join_client_server(reqs, lambda lo, hi: _classes_between(windows, lo, hi))
+    return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views,
+                       "client": client})
+
+
+def _classes_between(windows: Sequence[WindowVerdict], start_ns: int, end_ns: int) -> dict[str, int]:
+    """Bottleneck classes of the engine windows overlapping ``[start_ns, end_ns]``, counted."""
+    counts: dict[str, int] = {}
+    for w in windows:
+        if w.start_ns <= end_ns and w.end_ns >= start_ns:
+            counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1
+    return counts
 
 
 def _request_stats(
@@ -354,6 +369,8 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
         ],
         "samples": a.samples,
     }
+    if a.client is not None:
+        out["client"] = a.client
     if include_views:
         out["views"] = a.views
     return _clean(out)  # type: ignore[no-any-return]

@@ -36,8 +36,8 @@ class ReplayError(LLMTraceError):
 
 
 def detect_format(path: str) -> str:
-    """``mooncake`` for JSONL whose first object has ``input_length``, ``azure`` for a CSV with
-    ``ContextTokens``, else ``llmtrace`` (any trace source the analyzer reads)."""
+    """``mooncake`` for JSONL whose first object has ``input_length``, ``azure`` for CSV, else
+    ``llmtrace`` (any trace source the analyzer reads)."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(4096)
@@ -46,10 +46,10 @@ def detect_format(path: str) -> str:
     if head[:2] == b"\x1f\x8b":
         return "llmtrace"  # gzip: only trace files are read compressed
     first = head.decode("utf-8", "replace").lstrip().splitlines()[0] if head.strip() else ""
-    if "ContextTokens" in first:
-        return "azure"
-    if first.startswith("{") and '"input_length"' in first:
-        return "mooncake"
+    if first.startswith("{"):
+        return "mooncake" if '"input_length"' in first else "llmtrace"
+    if "," in first and not first.startswith("["):
+        return "azure"  # a CSV: its header is checked when it is read
     return "llmtrace"
 
 
