@@ -120,3 +120,16 @@ def test_chaos_clients_are_counted_as_chaos_not_as_server_errors(sse_server: tup
     assert {400} == {r.status for r in chaos if r.chaos is Chaos.MALFORMED}
     assert all(Outcome.OK is r.outcome for r in run.results if r.chaos is None)
     assert not any(r.counts_as_server_error for r in run.results)
+
+
+def test_worker_processes_share_one_schedule(sse_server: tuple[str, Any]) -> None:
+    """--processes 2: every planned request is sent exactly once, on the one shared schedule."""
+    url, app = sse_server
+    planned = [PlannedRequest(at_s=0.05 * i, input_tokens=8, output_tokens=3) for i in range(20)]
+    run = run_load(_spec(url, planned, processes=2), live=False)
+    assert list(range(20)) == [r.index for r in run.results]
+    assert all(Outcome.OK is r.outcome for r in run.results)
+    assert 2 == run.self_check.processes
+    arrivals = sorted(r.at for r in app.state.log if any(w.isdigit() for w in r.prompt.split()))
+    assert 20 == len(arrivals)
+    assert arrivals[-1] - arrivals[0] == pytest.approx(0.95, abs=0.15)

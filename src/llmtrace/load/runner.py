@@ -7,7 +7,7 @@ keeps ``concurrency`` clients busy for its duration.
 
 Whatever ends a run — its end, Ctrl-C, an unexpected error — the results measured so far
 are returned (requests still open count as ``cancelled``). ``processes > 1`` splits the
-schedule round-robin over worker processes that start at one shared monotonic instant.
+schedule round-robin over worker processes (:mod:`llmtrace.load.workers`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ from llmtrace.load.telemetry import ClientSpans
 
 #: Seconds between the preflight and the first send (worker processes start inside it).
 START_DELAY_S = 0.2
-START_DELAY_PROCESSES_S = 3.0
 #: Preflight requests must answer within this; a server that cannot is not ready for load.
 PREFLIGHT_TIMEOUT_S = 60.0
 
@@ -189,7 +188,7 @@ class _Driver:
             await asyncio.wait({task})
 
 
-async def _drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int], start: float,
+async def drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int], start: float,
                  live: LiveLine | None) -> tuple[list[RequestResult], str | None]:
     """Send this process's share; returns its results and why it stopped early (None: it did not)."""
     results: list[RequestResult] = []
@@ -242,19 +241,7 @@ def _on_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> 
     return True
 
 
-def _worker(spec: LoadSpec, calibration: Calibration, share: tuple[int, int],
-            start: float) -> tuple[list[RequestResult], str | None, float]:
-    """A ``--processes`` worker: its own export, event loop and connection pool."""
-    cpu = time.process_time()
-    export = _start_export(spec)
-    try:
-        results, interrupted = asyncio.run(_drive(spec, calibration, share, start, None))
-    finally:
-        _stop_export(export)
-    return results, interrupted, time.process_time() - cpu
-
-
-def _start_export(spec: LoadSpec) -> bool:
+def start_export(spec: LoadSpec) -> bool:
     if not spec.traces:
         return False
     from llmtrace.load.telemetry import start_export
@@ -263,7 +250,7 @@ def _start_export(spec: LoadSpec) -> bool:
     return True
 
 
-def _stop_export(export: bool) -> None:
+def stop_export(export: bool) -> None:
     if export:
         import llmtrace
 
@@ -280,50 +267,24 @@ def run_load(spec: LoadSpec, *, live: bool | None = None,
         on_preflight(target, calibration)
     cpu0, wall0 = time.process_time(), time.monotonic()
     if spec.processes == 1:
-        export = _start_export(spec)
+        export = start_export(spec)
         try:
             line = LiveLine(spec.steps, enabled=live)
-            results, interrupted = asyncio.run(_drive(spec, calibration, (0, 1), time.monotonic() + START_DELAY_S,
+            results, interrupted = asyncio.run(drive(spec, calibration, (0, 1), time.monotonic() + START_DELAY_S,
                                                       line))
         finally:
-            _stop_export(export)
+            stop_export(export)
         worker_cpu = 0.0
     else:
-        results, interrupted, worker_cpu = _run_processes(spec, calibration)
+        from llmtrace.load.workers import run_processes
+
+        results, interrupted, worker_cpu = run_processes(spec, calibration)
     wall = time.monotonic() - wall0
     cpu = time.process_time() - cpu0 + worker_cpu
     return RunResult(url=target.base_url, endpoint=target.path, profile=spec.profile, steps=spec.steps,
                      results=tuple(results), wall_s=wall, self_check=_self_check(results, cpu, wall, spec.processes),
                      interrupted=interrupted, tokens_per_word=calibration.tokens_per_word if calibration.measured
                      else None, warnings=tuple(warnings))
-
-
-def _run_processes(spec: LoadSpec, calibration: Calibration) -> tuple[list[RequestResult], str | None, float]:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    start = time.monotonic() + START_DELAY_PROCESSES_S  # CLOCK_MONOTONIC: one clock for every process
-    n = spec.processes
-    interrupted: str | None = None
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the workers stop themselves and report
-    try:
-        with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_worker, spec, calibration, (k, n), start) for k in range(n)]
-            results: list[RequestResult] = []
-            cpu = 0.0
-            for future in futures:
-                try:
-                    part, stopped, part_cpu = future.result()
-                except Exception as exc:  # noqa: BLE001 - a dead worker: the others' results still count
-                    interrupted = f"a worker process failed: {type(exc).__name__}: {exc}"
-                    continue
-                results.extend(part)
-                cpu += part_cpu
-                interrupted = interrupted or stopped
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    results.sort(key=lambda r: r.index)
-    return results, interrupted, cpu
 
 
 def _self_check(results: list[RequestResult], cpu_s: float, wall_s: float, processes: int) -> SelfCheck:
