@@ -161,13 +161,16 @@ Trace a real (tiny) LLM server under load and show what the traces say — no GP
 
 It starts llmtrace's reference server on loopback — an OpenAI-compatible FastAPI front end and
 a continuous-batching engine in its own process, running a random-weight GPT-2 with a KV-cache
-budget small enough that bursts force preemption — instruments both with llmtrace, and sends
-it a bounded load: a steady stream, a burst, long-tail prompt lengths, a few clients that hang
-up mid-stream. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
+budget small enough that the top load steps force preemption — instruments both with llmtrace,
+and runs `llmtrace load` against it: QPS steps 1, 2, 4, 8, 16 (the last ones past what 2 cores
+serve), long-tail prompt lengths, a few chaos clients. Every request is a CLIENT span above the
+server's spans. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
 collector when OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set) — or, without
---output, where LLMTRACE_EXPORTER sends it when that is set. Then the report of `llmtrace
-analyze` on this run's spans in the file is printed: latency, phase breakdown, critical path,
-GPU idle gaps, the bottleneck and anomalies (with no file, the demo says where they went)."""
+--output, where LLMTRACE_EXPORTER sends it when that is set. It prints the load report
+(capacity under the SLO ttft=500ms,tpot=100ms, the knee), then the report of `llmtrace analyze`
+on this run's spans in the file: latency, phase breakdown, critical path, GPU idle gaps, the
+bottleneck, anomalies and the client-vs-server view per load step (with no file, the demo says
+where they went)."""
 
 _DEMO_EPILOG = """\
 examples:
@@ -201,7 +204,8 @@ def _add_demo(sub: Any) -> None:
         help="load duration in seconds (default 40: about a minute in all on 2 cores)",
     )
     p.add_argument("--requests", type=_POSITIVE_INT, default=None, help="stop after this many requests")
-    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32, help="most requests in flight at once (default 32)")
+    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32,
+                   help="most requests in flight at once: the client's connection pool (default 32)")
     p.add_argument("--output", metavar="PATH", default=None,
                    help="trace file to write, OTLP JSON lines, replaced (default: the file of LLMTRACE_EXPORTER "
                         "when that is set, appended to; else llmtrace-demo-traces.jsonl)")

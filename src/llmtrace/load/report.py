@@ -5,8 +5,10 @@ terminal and HTML renderers only format that document.
 
 Definitions (seconds; latencies from each request's intended send time):
 
-* **achieved QPS** of a step: its successful requests / the time from the step's start to
-  the later of its end and its last answer (a server that falls behind stretches the window);
+* **achieved QPS** of a step: the successful answers that *completed* during the step (whichever
+  step sent them) per second of it — throughput as the server delivered it; the last step's
+  window runs on to its last answer, so a server that falls behind is not credited with the
+  answers it owed; output tokens/s and goodput QPS count the same way;
 * **error ratio**: server-side failures (HTTP error, broken connection, protocol error) over
   the step's requests that are not chaos and not cancelled; **timeout ratio** likewise;
 * **goodput**: the share of those requests that succeeded and met every set SLO;
@@ -52,16 +54,29 @@ def _ratio(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def _step_window(step: Step, results: list[RequestResult]) -> float:
-    ends = [r.scheduled_s + (r.e2e_s or 0.0) for r in results]
-    return max(step.duration_s, (max(ends) if ends else 0.0) - step.start_s, 1e-9)
+def _end(r: RequestResult) -> float:
+    return r.scheduled_s + (r.e2e_s or 0.0)
 
 
-def summarize_results(results: list[RequestResult], step: Step, slo: Slo) -> dict[str, Any]:
-    """The numbers of one step (or of the whole run, with a step spanning it)."""
+def _delivered(everything: list[RequestResult], step: Step, last: bool,
+               slo: Slo) -> tuple[float, int, int, int | None]:
+    """(window seconds, successful answers, their output tokens, those meeting the SLO) of the
+    answers completed inside the step's window."""
+    start, end = step.start_s, step.start_s + step.duration_s
+    if last:
+        end = max([end, *(_end(r) for r in everything)])
+    done = [r for r in everything if r.outcome is Outcome.OK and start <= _end(r) < end + (1e-9 if last else 0.0)]
+    met = sum(1 for r in done if slo.met_by(r)) if not slo.empty else None
+    return max(end - start, 1e-9), len(done), sum(r.output_tokens for r in done), met
+
+
+def summarize_results(results: list[RequestResult], step: Step, slo: Slo, everything: list[RequestResult],
+                      last: bool) -> dict[str, Any]:
+    """The numbers of one step: latencies of the requests it sent, throughput of the answers
+    completed during it (*everything* is the whole run; *last*: the step is the run's last)."""
     ok = [r for r in results if r.outcome is Outcome.OK]
     counted = [r for r in results if r.outcome not in (Outcome.CHAOS, Outcome.CANCELLED)]
-    window = _step_window(step, results)
+    window, delivered, tokens, delivered_met = _delivered(everything, step, last, slo)
     itl = [gap for r in ok for gap in r.itl_s]
     met = sum(1 for r in counted if slo.met_by(r)) if not slo.empty else None
     offered = step.qps if step.qps is not None else (len(results) / step.duration_s if step.duration_s else None)
@@ -70,14 +85,14 @@ def summarize_results(results: list[RequestResult], step: Step, slo: Slo) -> dic
         "offered_qps": offered, "concurrency": step.concurrency,
         "requests": len(results), "ok": len(ok),
         "sent_qps": len(counted) / step.duration_s if step.duration_s else None,
-        "achieved_qps": len(ok) / window, "output_tokens_per_s": sum(r.output_tokens for r in ok) / window,
+        "achieved_qps": delivered / window, "output_tokens_per_s": tokens / window,
         "outcomes": {o.value: n for o in Outcome if (n := sum(1 for r in results if r.outcome is o))},
         "chaos": {kind: n for kind in sorted({r.chaos.value for r in results if r.chaos})
                   if (n := sum(1 for r in results if r.chaos and r.chaos.value == kind))},
         "error_ratio": _ratio(sum(1 for r in counted if r.counts_as_server_error), len(counted)),
         "timeout_ratio": _ratio(sum(1 for r in counted if r.outcome is Outcome.TIMEOUT), len(counted)),
         "goodput": _ratio(met, len(counted)) if met is not None else None,
-        "goodput_qps": met / window if met is not None else None,
+        "goodput_qps": delivered_met / window if delivered_met is not None else None,
         "ttft_s": _pcts([r.ttft_s for r in ok if r.ttft_s is not None]),
         "tpot_s": _pcts([r.tpot_s for r in ok if r.tpot_s is not None]),
         "itl_s": _pcts(itl),
@@ -142,10 +157,12 @@ def summarize(run: RunResult, slo: Slo) -> dict[str, Any]:
     by_step: dict[int, list[RequestResult]] = {}
     for r in run.results:
         by_step.setdefault(r.step, []).append(r)
-    steps = [summarize_results(by_step.get(step.index, []), step, slo) for step in run.steps]
+    everything = list(run.results)
+    steps = [summarize_results(by_step.get(step.index, []), step, slo, everything, step is run.steps[-1])
+             for step in run.steps]
     span = max((s.start_s + s.duration_s for s in run.steps), default=0.0)
     whole = Step(index=-1, start_s=0.0, duration_s=span)
-    overall = summarize_results(list(run.results), whole, slo)
+    overall = summarize_results(everything, whole, slo, everything, last=True)
     overall["offered_qps"] = (sum(s.qps * s.duration_s for s in run.steps if s.qps is not None) / span
                               if span and all(s.qps is not None for s in run.steps) else overall["offered_qps"])
     saturated = next((s["label"] for s in steps if s["sent_qps"] and s["concurrency"] is None

@@ -54,7 +54,11 @@ class LoadSpec:
     drain_s: float = 60.0
     seed: int = 0
     calibrate: bool = True
+    #: Make a CLIENT span per request.
     traces: bool = True
+    #: Set up llmtrace's export in the sending process(es); False when the host process has
+    #: already called llmtrace.instrument() (the demo, which serves and loads in one process).
+    export: bool = True
     #: The trace file (None: llmtrace's configured exporters; see telemetry.start_export).
     traces_file: str | None = None
     run_id: str = ""
@@ -242,7 +246,7 @@ def _on_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> 
 
 
 def start_export(spec: LoadSpec) -> bool:
-    if not spec.traces:
+    if not (spec.traces and spec.export):
         return False
     from llmtrace.load.telemetry import start_export
 
@@ -258,15 +262,23 @@ def stop_export(export: bool) -> None:
 
 
 def run_load(spec: LoadSpec, *, live: bool | None = None,
-             on_preflight: Callable[[Target, Calibration], None] | None = None) -> RunResult:
-    """Run *spec* to its end (or Ctrl-C) and return every result measured."""
+             on_preflight: Callable[[Target, Calibration], None] | None = None,
+             calibration: Calibration | None = None, own_process: bool = False) -> RunResult:
+    """Run *spec* to its end (or Ctrl-C) and return every result measured.
+
+    With a *calibration* given (the caller knows the server's tokenizer) no preflight request
+    is sent: ``spec.target`` must then name its model. *own_process* sends from a worker
+    process even when ``spec.processes`` is 1 (the caller's process is busy serving)."""
     spec = replace(spec, run_id=spec.run_id or uuid.uuid4().hex[:12])
-    target, calibration, warnings = asyncio.run(preflight(spec.target, spec.calibrate))
+    if calibration is None:
+        target, calibration, warnings = asyncio.run(preflight(spec.target, spec.calibrate))
+    else:
+        target, warnings = spec.target, []
     spec = replace(spec, target=target)
     if on_preflight is not None:
         on_preflight(target, calibration)
     cpu0, wall0 = time.process_time(), time.monotonic()
-    if spec.processes == 1:
+    if spec.processes == 1 and not own_process:
         export = start_export(spec)
         try:
             line = LiveLine(spec.steps, enabled=live)
