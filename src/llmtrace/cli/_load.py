@@ -17,6 +17,7 @@ from llmtrace.load.arrivals import (
     Burst,
     Lengths,
     assign_chaos,
+    parse_chaos_kinds,
     make_steps,
     parse_levels,
     plan_open_loop,
@@ -106,6 +107,8 @@ def add_load_parser(sub: Any, number: Callable[..., Callable[[str], Any]]) -> ar
     when.add_argument("--burst-every", type=positive, default=10.0, metavar="S", help="seconds between bursts")
     when.add_argument("--chaos", type=number(float, at_least=0.0, below=1.0), default=0.0, metavar="SHARE",
                       help="share of misbehaving clients, e.g. 0.05 (default 0)")
+    when.add_argument("--chaos-kinds", default="disconnect,malformed,slow-reader", metavar="KINDS",
+                      help="what chaos clients do, taken in turn (default disconnect,malformed,slow-reader)")
     when.add_argument("--replay", metavar="FILE", help="arrival times and lengths from a trace file")
     when.add_argument("--replay-format", choices=("auto", "llmtrace", "mooncake", "azure"), default="auto")
     when.add_argument("--speed", type=positive, default=1.0, help="replay time scale: 2 is twice as fast")
@@ -135,14 +138,15 @@ def _spec(args: argparse.Namespace, url: str) -> LoadSpec:
     target = Target(base_url=url.rstrip("/").removesuffix("/v1"), endpoint=args.endpoint, model=args.model or "",
                     stream=not args.no_stream, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
                     api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
-    common: dict[str, Any] = {"target": target, "chaos_share": args.chaos, "max_connections": args.max_connections,
+    kinds = parse_chaos_kinds(args.chaos_kinds)
+    common: dict[str, Any] = {"target": target, "chaos_share": args.chaos, "chaos_kinds": kinds, "max_connections": args.max_connections,
                               "processes": args.processes, "seed": args.seed, "calibrate": not args.no_calibrate,
                               "traces": not args.no_traces, "traces_file": args.traces}
     rng = random.Random(args.seed)
     if args.replay:
         from llmtrace.load.replay import load_replay
 
-        planned = assign_chaos(load_replay(args.replay, args.replay_format, args.speed), args.chaos)
+        planned = assign_chaos(load_replay(args.replay, args.replay_format, args.speed), args.chaos, kinds)
         span = planned[-1].at_s + 1e-9
         return LoadSpec(profile="replay", steps=(Step(0, 0.0, span),), planned=tuple(planned), **common)
     lengths = Lengths(args.input_tokens, args.output_tokens,
@@ -158,7 +162,8 @@ def _spec(args: argparse.Namespace, url: str) -> LoadSpec:
     if closed:
         return LoadSpec(profile=args.profile, steps=steps, lengths=lengths, **common)
     burst = Burst(args.burst_size, args.burst_every) if args.profile == "burst" else None
-    planned = plan_open_loop(steps, lengths, rng=rng, arrival=args.arrival, burst=burst, chaos_share=args.chaos)
+    planned = plan_open_loop(steps, lengths, rng=rng, arrival=args.arrival, burst=burst, chaos_share=args.chaos,
+                             chaos_kinds=kinds)
     return LoadSpec(profile=args.profile, steps=steps, planned=tuple(planned), **common)
 
 

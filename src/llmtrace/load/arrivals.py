@@ -111,7 +111,8 @@ class Burst:
 
 
 def plan_open_loop(steps: tuple[Step, ...], lengths: Lengths, *, rng: random.Random, arrival: str = "poisson",
-                   burst: Burst | None = None, chaos_share: float = 0.0) -> list[PlannedRequest]:
+                   burst: Burst | None = None, chaos_share: float = 0.0,
+                   chaos_kinds: tuple[Chaos, ...] = CHAOS_CYCLE) -> list[PlannedRequest]:
     """The whole open-loop schedule, sorted by send time."""
     plan: list[PlannedRequest] = []
     for step in steps:
@@ -126,10 +127,23 @@ def plan_open_loop(steps: tuple[Step, ...], lengths: Lengths, *, rng: random.Ran
             input_tokens, output_tokens = lengths.draw(rng)
             plan.append(PlannedRequest(at_s=at, input_tokens=input_tokens, output_tokens=output_tokens,
                                        step=step.index))
-    return assign_chaos(plan, chaos_share)
+    return assign_chaos(plan, chaos_share, chaos_kinds)
 
 
-def assign_chaos(plan: list[PlannedRequest], share: float) -> list[PlannedRequest]:
+def parse_chaos_kinds(text: str) -> tuple[Chaos, ...]:
+    """``"disconnect,slow-reader"`` -> the kinds, in that order."""
+    try:
+        kinds = tuple(Chaos(part.strip()) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise LLMTraceError(f"--chaos-kinds {text!r}: each must be one of "
+                            f"{', '.join(c.value for c in Chaos)}") from None
+    if not kinds:
+        raise LLMTraceError("--chaos-kinds: name at least one kind")
+    return kinds
+
+
+def assign_chaos(plan: list[PlannedRequest], share: float,
+                 kinds_cycle: tuple[Chaos, ...] = CHAOS_CYCLE) -> list[PlannedRequest]:
     """Make every (1/share)-th request a chaos client, kinds in turn: evenly spread, reproducible."""
     if share <= 0:
         return plan
@@ -140,7 +154,7 @@ def assign_chaos(plan: list[PlannedRequest], share: float) -> list[PlannedReques
         owed += share
         if owed >= 1.0:
             owed -= 1.0
-            out.append(replace(request, chaos=CHAOS_CYCLE[kinds % len(CHAOS_CYCLE)]))
+            out.append(replace(request, chaos=kinds_cycle[kinds % len(kinds_cycle)]))
             kinds += 1
         else:
             out.append(request)

@@ -27,7 +27,7 @@ from llmtrace.errors import LLMTraceError
 from llmtrace.load.arrivals import CHAOS_CYCLE, Lengths
 from llmtrace.load.client import Client, ProtocolError, Target, probe, probe_stream
 from llmtrace.load.live import LiveLine, Tally
-from llmtrace.load.model import PlannedRequest, RequestResult, RunResult, SelfCheck, Step
+from llmtrace.load.model import Chaos, PlannedRequest, RequestResult, RunResult, SelfCheck, Step
 from llmtrace.load.prompts import PROBE_WORDS, Calibration, PromptMaker, fit_calibration, words
 from llmtrace.load.telemetry import ClientSpans
 
@@ -48,6 +48,7 @@ class LoadSpec:
     planned: tuple[PlannedRequest, ...] | None = None
     lengths: Lengths | None = None
     chaos_share: float = 0.0
+    chaos_kinds: tuple[Chaos, ...] = CHAOS_CYCLE
     max_connections: int = 0
     processes: int = 1
     #: After the last send, how long answers still open are waited for.
@@ -180,7 +181,8 @@ class _Driver:
             index = number * n + k
             chaos = None
             if share > 0 and int((number + 1) * share) > int(number * share):
-                chaos = CHAOS_CYCLE[int(number * share) % len(CHAOS_CYCLE)]
+                kinds = self.spec.chaos_kinds
+                chaos = kinds[int(number * share) % len(kinds)]
             input_tokens, output_tokens = self.spec.lengths.draw(rng)
             planned = PlannedRequest(now - self.start, input_tokens, output_tokens, step.index, chaos=chaos)
             task = asyncio.create_task(self.client.send(index, planned, now, step.label, None, step.concurrency))
