@@ -17,8 +17,8 @@ from llmtrace.load.arrivals import (
     Burst,
     Lengths,
     assign_chaos,
-    parse_chaos_kinds,
     make_steps,
+    parse_chaos_kinds,
     parse_levels,
     plan_open_loop,
 )
@@ -139,9 +139,10 @@ def _spec(args: argparse.Namespace, url: str) -> LoadSpec:
                     stream=not args.no_stream, timeout_s=args.timeout, ignore_eos=args.ignore_eos,
                     api_key=args.api_key or os.environ.get("OPENAI_API_KEY"))
     kinds = parse_chaos_kinds(args.chaos_kinds)
-    common: dict[str, Any] = {"target": target, "chaos_share": args.chaos, "chaos_kinds": kinds, "max_connections": args.max_connections,
-                              "processes": args.processes, "seed": args.seed, "calibrate": not args.no_calibrate,
-                              "traces": not args.no_traces, "traces_file": args.traces}
+    common: dict[str, Any] = {"target": target, "chaos_share": args.chaos, "chaos_kinds": kinds,
+                              "max_connections": args.max_connections, "processes": args.processes,
+                              "seed": args.seed, "calibrate": not args.no_calibrate, "traces": not args.no_traces,
+                              "traces_file": args.traces}
     rng = random.Random(args.seed)
     if args.replay:
         from llmtrace.load.replay import load_replay

@@ -93,7 +93,7 @@ def render_alerts(slo: Slo) -> str:
         f"max by (job, llm_engine_id) (llmtrace_gpu_idle_ratio) > {GPU_IDLE_WITH_WORK:g} and on (job) "
         f"(sum by (job) (rate(llmtrace_queue_time_seconds_count[{WINDOW}])) > 0)",
         "warning", "GPU idle while requests wait on {{ $labels.job }}",
-        f"engine {{{{ $labels.llm_engine_id }}}} is idle {{{{ $value | humanizePercentage }}}} of the time while "
+        "engine {{ $labels.llm_engine_id }} is idle {{ $value | humanizePercentage }} of the time while "
         "requests queue: host-side overhead starves the GPU.")
     return "\n".join(lines) + "\n"
 

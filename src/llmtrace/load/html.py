@@ -50,7 +50,7 @@ def line_chart(title: str, x_label: str, y_label: str, series: dict[str, list[tu
         return f'<div><b>{html.escape(title)}</b><div class="empty">no data</div></div>'
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x_max = max(xs) or 1.0
-    y_max = max(max(ys), x_max if diagonal else 0.0) * 1.1 or 1.0
+    y_max = max(*ys, x_max if diagonal else 0.0) * 1.1 or 1.0
     plot_w, plot_h = _W - _PAD_L - _PAD_R, _H - _PAD_T - _PAD_B
 
     def px(x: float) -> float:

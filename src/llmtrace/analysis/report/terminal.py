@@ -71,7 +71,7 @@ def _client(client: Mapping[str, Any]) -> list[str]:
         out.append(f"  {'load step':<18}{'client TTFT p50':>16}{'server p50':>12}{'queue':>8}{'decode':>8}  bottleneck")
         for s in client["steps"]:
             c, srv, b = s.get("client_ttft_s") or {}, s.get("server_ttft_s") or {}, s["breakdown"]
-            out.append(f"  {str(s['label']):<18}{fmt_s(c.get('p50')):>16}{fmt_s(srv.get('p50')):>12}"
+            out.append(f"  {s['label']!s:<18}{fmt_s(c.get('p50')):>16}{fmt_s(srv.get('p50')):>12}"
                        f"{_pct(b.get('queue')):>8}{_pct(b.get('decode')):>8}  {s['bottleneck'] or '-'}")
     return out
 
