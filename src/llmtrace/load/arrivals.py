@@ -142,20 +142,16 @@ def parse_chaos_kinds(text: str) -> tuple[Chaos, ...]:
     return kinds
 
 
-def assign_chaos(plan: list[PlannedRequest], share: float,
-                 kinds_cycle: tuple[Chaos, ...] = CHAOS_CYCLE) -> list[PlannedRequest]:
-    """Make every (1/share)-th request a chaos client, kinds in turn: evenly spread, reproducible."""
+def chaos_for(number: int, share: float, kinds: tuple[Chaos, ...] = CHAOS_CYCLE) -> Chaos | None:
+    """What the *number*-th request (from 0) does when a *share* of them are chaos clients: every
+    (1/share)-th is one, kinds taken in turn — evenly spread and reproducible."""
     if share <= 0:
-        return plan
-    out: list[PlannedRequest] = []
-    owed = 0.0
-    kinds = 0
-    for request in plan:
-        owed += share
-        if owed >= 1.0:
-            owed -= 1.0
-            out.append(replace(request, chaos=kinds_cycle[kinds % len(kinds_cycle)]))
-            kinds += 1
-        else:
-            out.append(request)
-    return out
+        return None
+    before, after = int(number * share + 1e-9), int((number + 1) * share + 1e-9)
+    return kinds[before % len(kinds)] if after > before else None
+
+
+def assign_chaos(plan: list[PlannedRequest], share: float,
+                 kinds: tuple[Chaos, ...] = CHAOS_CYCLE) -> list[PlannedRequest]:
+    """The schedule with :func:`chaos_for` applied to each request."""
+    return [replace(r, chaos=chaos) if (chaos := chaos_for(i, share, kinds)) else r for i, r in enumerate(plan)]

@@ -179,6 +179,8 @@ class Client:
             outcome, error = Outcome.CANCELLED, "the run ended first"
         except (aiohttp.ClientError, OSError) as exc:
             outcome, error = Outcome.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - whatever else broke the exchange is this request's result
+            outcome, error = Outcome.PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}"
         ended = time.perf_counter()
         if planned.chaos is not None and outcome is not Outcome.CANCELLED:
             outcome = Outcome.CHAOS  # whatever the server did, this was the chaos client's doing

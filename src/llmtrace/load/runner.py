@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from llmtrace.errors import LLMTraceError
-from llmtrace.load.arrivals import CHAOS_CYCLE, Lengths
+from llmtrace.load.arrivals import CHAOS_CYCLE, Lengths, chaos_for
 from llmtrace.load.client import Client, ProtocolError, Target, probe, probe_stream
 from llmtrace.load.live import LiveLine, Tally
 from llmtrace.load.model import Chaos, PlannedRequest, RequestResult, RunResult, SelfCheck, Step
@@ -179,10 +179,7 @@ class _Driver:
         while (now := time.monotonic()) < ends:
             number = next(counter)
             index = number * n + k
-            chaos = None
-            if share > 0 and int((number + 1) * share) > int(number * share):
-                kinds = self.spec.chaos_kinds
-                chaos = kinds[int(number * share) % len(kinds)]
+            chaos = chaos_for(number, share, self.spec.chaos_kinds)
             input_tokens, output_tokens = self.spec.lengths.draw(rng)
             planned = PlannedRequest(now - self.start, input_tokens, output_tokens, step.index, chaos=chaos)
             task = asyncio.create_task(self.client.send(index, planned, now, step.label, None, step.concurrency))
