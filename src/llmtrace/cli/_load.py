@@ -187,7 +187,10 @@ def run_load_command(args: argparse.Namespace) -> int:
             return 0
     if not args.url:
         raise LLMTraceError("URL is required (the server's base URL, e.g. http://localhost:8000)")
-    from llmtrace.load.runner import run_load
+    try:
+        from llmtrace.load.runner import run_load
+    except ImportError as exc:
+        raise LLMTraceError(f"`llmtrace load` needs {exc.name}: pip install 'llmtrace[load]'") from None
 
     spec = _spec(args, args.url)
     planned = f"{len(spec.planned)} requests" if spec.planned is not None else "closed loop"
