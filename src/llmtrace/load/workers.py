@@ -35,6 +35,7 @@ def _worker(spec: LoadSpec, calibration: Calibration, share: tuple[int, int], re
     cpu = time.process_time()
     export = start_export(spec)
     try:
+        asyncio.run(_warm_up(spec))
         ready.put(share[0])
         go.wait()
         part, interrupted = asyncio.run(drive(spec, calibration, share, start.value, None))
@@ -43,6 +44,19 @@ def _worker(spec: LoadSpec, calibration: Calibration, share: tuple[int, int], re
     finally:
         stop_export(export)
     results.put((share[0], part, interrupted, time.process_time() - cpu))
+
+
+async def _warm_up(spec: LoadSpec) -> None:
+    """What the parent's preflight did for the single-process case: the first request of an
+    interpreter pays for lazy imports and set-up (resolver, connector, codecs), which must not
+    land on the schedule's first sends. A ``GET /v1/models`` is harmless to any server."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as session, session.get(spec.target.base_url + "/v1/models") as response:
+            await response.read()
+    except (aiohttp.ClientError, OSError):
+        pass  # the parent's preflight already vouched for the server
 
 
 def run_processes(spec: LoadSpec, calibration: Calibration) -> tuple[list[RequestResult], str | None, float]:
