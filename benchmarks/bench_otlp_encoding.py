@@ -52,7 +52,7 @@ def main() -> None:
     args = parser.parse_args()
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as protobuf_messages
 
-    from llmtrace._otlp_json import encode_spans as otlp_json
+    from llmtrace._otel.otlp_json import encode_spans as otlp_json
 
     spans = spans_of_an_engine(args.batch, args.steps)
     encoders: dict[str, Callable[[Sequence[Any]], Any]] = {

@@ -74,7 +74,7 @@ def _source_line(path: str, line: int) -> str:
 
 def module_path(path: str) -> str:
     """A py-spy ``--full-filenames`` path relative to the import root it was found under:
-    ``opentelemetry/instrumentation/asgi/__init__.py``, ``llmtrace/_export.py``, ``json/decoder.py``.
+    ``opentelemetry/instrumentation/asgi/__init__.py``, ``llmtrace/_otel/export.py``, ``json/decoder.py``.
 
     py-spy's own shortening keeps only the package part of an ``__init__.py`` (``asgi/__init__.py``),
     which would count OpenTelemetry's instrumentations as the application's code."""

@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.stack.binaries import StackError, build_gateway_collector, build_jaeger, build_promtool
-from tests.stack.stack import STANDARD_PORTS, TEST_SAMPLING, OtelStack
+from scripts.otel_stack.binaries import StackError, build_gateway_collector, build_jaeger, build_promtool
+from scripts.otel_stack.stack import STANDARD_PORTS, TEST_SAMPLING, OtelStack
 
 
 def _build(args: argparse.Namespace) -> int:

@@ -16,16 +16,40 @@ Custom engines report through the lifecycle API: :func:`start_request`,
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from llmtrace._instrument import Instrumentation, flush, instrument, overhead_cpu_s, shutdown, uninstrument
 from llmtrace._version import __version__
 from llmtrace.errors import ConfigError, LLMTraceError, SourceError
-from llmtrace.lifecycle.engine import EngineTracer, StepRecord
-from llmtrace.lifecycle.propagation import extract as extract_carrier
-from llmtrace.lifecycle.propagation import inject as inject_carrier
-from llmtrace.lifecycle.request import RequestHandle, current_request, start_request
-from llmtrace.lifecycle.tracker import RequestTracker
+
+if TYPE_CHECKING:
+    from llmtrace._instrument import Instrumentation, flush, instrument, overhead_cpu_s, shutdown, uninstrument
+    from llmtrace.lifecycle.engine import EngineTracer, StepRecord
+    from llmtrace.lifecycle.propagation import extract as extract_carrier
+    from llmtrace.lifecycle.propagation import inject as inject_carrier
+    from llmtrace.lifecycle.request import RequestHandle, current_request, start_request
+    from llmtrace.lifecycle.tracker import RequestTracker
+
+# The root is lazy (PEP 562): ``import llmtrace.semconv`` or ``llmtrace.analysis`` runs this
+# file, and the analysis side must load without the OpenTelemetry SDK or wrapt (it runs on
+# laptops and in CI jobs that have neither). Each public name is imported from its module
+# the first time it is read, then cached in the module's globals.
+_LAZY: dict[str, tuple[str, str]] = {
+    "Instrumentation": ("llmtrace._instrument", "Instrumentation"),
+    "flush": ("llmtrace._instrument", "flush"),
+    "instrument": ("llmtrace._instrument", "instrument"),
+    "overhead_cpu_s": ("llmtrace._instrument", "overhead_cpu_s"),
+    "shutdown": ("llmtrace._instrument", "shutdown"),
+    "uninstrument": ("llmtrace._instrument", "uninstrument"),
+    "EngineTracer": ("llmtrace.lifecycle.engine", "EngineTracer"),
+    "StepRecord": ("llmtrace.lifecycle.engine", "StepRecord"),
+    "extract_carrier": ("llmtrace.lifecycle.propagation", "extract"),
+    "inject_carrier": ("llmtrace.lifecycle.propagation", "inject"),
+    "RequestHandle": ("llmtrace.lifecycle.request", "RequestHandle"),
+    "current_request": ("llmtrace.lifecycle.request", "current_request"),
+    "start_request": ("llmtrace.lifecycle.request", "start_request"),
+    "RequestTracker": ("llmtrace.lifecycle.tracker", "RequestTracker"),
+}
 
 __all__ = [
     "ConfigError",
@@ -48,6 +72,20 @@ __all__ = [
     "start_request",
     "uninstrument",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'llmtrace' has no attribute {name!r}")
+    module_name, attribute = target
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 def instrument_model(model: Any, *, layers: bool = False, engine_id: str | None = None) -> Any:

@@ -8,7 +8,7 @@
   ``url.scheme``, observed from two in-process counts at collection time.
 
 Both cost next to nothing per request: the histogram is aggregated in-process where
-llmtrace owns the MeterProvider (see :mod:`llmtrace._histogram`: a list append per request),
+llmtrace owns the MeterProvider (see :mod:`llmtrace._otel.histogram`: a list append per request),
 and the counter is two ``next()`` calls on C counters instead of two SDK ``add`` calls
 (~10 µs each here).
 """
@@ -22,7 +22,7 @@ from typing import Any, cast
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
-from llmtrace._histogram import MAX_PENDING, HistogramRegistry, histogram
+from llmtrace._otel.histogram import MAX_PENDING, HistogramRegistry, histogram
 
 #: Methods the HTTP conventions know; any other is reported as ``_OTHER`` (with the original
 #: kept on the span as ``http.request.method_original``).

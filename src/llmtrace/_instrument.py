@@ -8,23 +8,29 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import metrics as otel_metrics
 
-from llmtrace import _otel, _registry, _runtime
-from llmtrace._safety import add_error_listener
+from llmtrace import _runtime
+from llmtrace._otel import providers as otel_providers
+from llmtrace._safety import add_error_listener, remove_error_listener
 from llmtrace._version import __version__
 from llmtrace.config import Settings, resolve
+from llmtrace.integrations import _hooks
 from llmtrace.lifecycle.builder import BUILDER
 
 log = logging.getLogger("llmtrace")
 
 _lock = threading.Lock()
 _handle: Instrumentation | None = None
-_providers: _otel.Providers | None = None
+_providers: otel_providers.Providers | None = None
 _atexit_registered = False
+#: The runtime's error counter, listening to internal errors while that runtime is installed:
+#: replaced (not added to) by each instrument(), also in a forked child; removed by shutdown().
+_error_listener: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -32,14 +38,14 @@ class Instrumentation:
     """What ``instrument()`` returns: the resolved settings and what is active."""
 
     settings: Settings
-    providers: _otel.Providers
+    providers: otel_providers.Providers
     gpu_sampler: Any = None
     options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def integrations(self) -> list[str]:
         """Integrations patched so far (a library not imported yet is patched when it is)."""
-        return _registry.active()
+        return _hooks.active()
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         return flush(timeout_s)
@@ -91,15 +97,14 @@ def instrument(**options: Any) -> Instrumentation:
             return _handle
         if _providers is None:
             explicit = bool({"exporter", "endpoint"} & set(options)) or _env_explicit()
-            _providers = _otel.setup(settings, explicit_exporter=explicit)
+            _providers = otel_providers.setup(settings, explicit_exporter=explicit)
         meter = _providers.meter_provider.get_meter("llmtrace", __version__)
         from llmtrace._http_metrics import HttpServerMetrics
         from llmtrace._rpc_metrics import RpcServerMetrics
-        from llmtrace.metrics import ServingMetrics
+        from llmtrace.lifecycle.metrics import ServingMetrics
 
         serving = ServingMetrics(meter, _providers.drops, _providers.histograms) if settings.metrics else None
-        if serving is not None:
-            add_error_listener(serving.record_error)
+        _listen_for_errors(serving.record_error if serving is not None else None)
         http = HttpServerMetrics(meter, _providers.histograms) if settings.metrics else None
         rpc = RpcServerMetrics(meter, _providers.histograms) if settings.metrics else None
         _runtime.install(_runtime.Runtime(settings=settings, providers=_providers, metrics=serving,
@@ -107,12 +112,21 @@ def instrument(**options: Any) -> Instrumentation:
         sampler = _start_gpu(settings)
         if settings.metrics:
             _register_gpu_metrics(sampler, meter)
-        _registry.enable(settings)
+        _hooks.enable(settings)
         _handle = Instrumentation(settings=settings, providers=_providers, gpu_sampler=sampler, options=options)
         if not _atexit_registered:
             atexit.register(_at_exit)
             _atexit_registered = True
         return _handle
+
+
+def _listen_for_errors(listener: Callable[[str], None] | None) -> None:
+    global _error_listener
+    if _error_listener is not None:
+        remove_error_listener(_error_listener)
+    _error_listener = listener
+    if listener is not None:
+        add_error_listener(listener)
 
 
 def _env_explicit() -> bool:
@@ -123,7 +137,7 @@ def uninstrument() -> None:
     """Remove every patch (the library's original functions are restored, by identity)."""
     global _handle
     with _lock:
-        _registry.disable()
+        _hooks.disable()
         if _handle is not None and _handle.gpu_sampler is not None:
             _stop_gpu()
         _handle = None
@@ -149,7 +163,7 @@ def flush(timeout_s: float = 5.0) -> bool:
     _close_engine_windows()
     ok = BUILDER.flush(timeout_s)
     if _providers is not None:
-        ok = _otel.flush(_providers, timeout_s) and ok
+        ok = otel_providers.flush(_providers, timeout_s) and ok
     else:
         provider: Any = otel_metrics.get_meter_provider()
         if hasattr(provider, "force_flush"):
@@ -176,9 +190,10 @@ def shutdown(timeout_s: float = 5.0) -> bool:
     BUILDER.stop(max(0.01, deadline - time.monotonic()))
     with _lock:
         if _providers is not None:
-            ok = _otel.shutdown(_providers, max(0.01, deadline - time.monotonic())) and ok
+            ok = otel_providers.shutdown(_providers, max(0.01, deadline - time.monotonic())) and ok
             _providers = None
         _runtime.reset()
+        _listen_for_errors(None)
     return ok
 
 

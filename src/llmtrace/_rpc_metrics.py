@@ -14,7 +14,7 @@ from typing import Any, cast
 from opentelemetry.metrics import Meter
 
 from llmtrace import semconv
-from llmtrace._histogram import MAX_PENDING, HistogramRegistry, histogram
+from llmtrace._otel.histogram import MAX_PENDING, HistogramRegistry, histogram
 
 
 class RpcServerMetrics:

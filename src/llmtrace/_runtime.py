@@ -8,7 +8,7 @@ custom server uses it without calling ``instrument()``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from opentelemetry import trace
 
@@ -17,11 +17,23 @@ from llmtrace.config import Settings
 
 if TYPE_CHECKING:
     from llmtrace._http_metrics import HttpServerMetrics
-    from llmtrace._otel import Providers
+    from llmtrace._otel.providers import Providers
     from llmtrace._rpc_metrics import RpcServerMetrics
-    from llmtrace.metrics import ServingMetrics
 
 TRACER_NAME = "llmtrace"
+
+
+class ServingMetrics(Protocol):
+    """What the lifecycle core records into (``lifecycle.metrics.ServingMetrics``).
+
+    A protocol rather than an import: the runtime sits below the lifecycle modules, which
+    import it, so it may not import them back."""
+
+    def record_error(self, site: str) -> None: ...
+
+    def record_request(self, rec: Any) -> None: ...
+
+    def record_window(self, engine_id: str, steps: Any) -> None: ...
 
 
 @dataclass

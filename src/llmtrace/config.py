@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from llmtrace._registry import NAMES as INTEGRATION_NAMES
 from llmtrace.errors import ConfigError
 
 ENV_PREFIX = "LLMTRACE_"
@@ -30,7 +31,7 @@ PROTOCOLS = ("grpc", "http/protobuf", "http/json")
 GPU_MODES = ("auto", "on", "off")
 SERVER_SPAN_MODES = ("llmtrace", "otel", "off")
 #: Every integration llmtrace knows; each is enabled by default when its library is importable.
-KNOWN_INTEGRATIONS = ("tokenizers", "transformers", "torch", "fastapi", "starlette", "aiohttp", "grpc", "vllm")
+KNOWN_INTEGRATIONS = INTEGRATION_NAMES
 #: Written in the working directory when no endpoint is configured: the embedded default.
 DEFAULT_FILE_PATH = "llmtrace-traces.jsonl"
 

@@ -42,6 +42,18 @@ GEN_AI_REQUEST_TEMPERATURE: Final = "gen_ai.request.temperature"
 GEN_AI_REQUEST_TOP_P: Final = "gen_ai.request.top_p"
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+#: Prompt tokens the engine did not compute (prefix-cache hits plus KV received from another
+#: instance), the GenAI convention's name; llm.prompt_tokens.* split the prompt three ways.
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+LLM_PROMPT_TOKENS_COMPUTED: Final = "llm.prompt_tokens.computed"
+LLM_PROMPT_TOKENS_CACHED: Final = "llm.prompt_tokens.cached"
+LLM_PROMPT_TOKENS_TRANSFERRED: Final = "llm.prompt_tokens.transferred"
+#: Speculative decoding, per request: draft tokens proposed and accepted, and their ratio.
+LLM_SPEC_DRAFT_TOKENS: Final = "llm.spec_decode.draft_tokens"
+LLM_SPEC_ACCEPTED_TOKENS: Final = "llm.spec_decode.accepted_tokens"
+LLM_SPEC_ACCEPTANCE_RATE: Final = "llm.spec_decode.acceptance_rate"
+#: The LoRA adapter that served the request (no GenAI convention names one; llm.* is ours).
+LLM_REQUEST_LORA: Final = "llm.request.lora"
 # vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
 # its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"
@@ -98,6 +110,7 @@ LLM_BATCH_SIZE: Final = "llm.batch.size"
 LLM_BATCH_PREFILL_TOKENS: Final = "llm.batch.prefill_tokens"
 LLM_BATCH_DECODE_TOKENS: Final = "llm.batch.decode_tokens"
 LLM_BATCH_REQUEST_IDS: Final = "llm.batch.request_ids"
+LLM_BATCH_CACHED_TOKENS: Final = "llm.batch.cached_tokens"  # prompt tokens of the step served from the prefix cache
 LLM_QUEUE_WAITING: Final = "llm.queue.waiting"
 LLM_QUEUE_RUNNING: Final = "llm.queue.running"
 LLM_KV_CACHE_USAGE: Final = "llm.kv_cache.usage"
@@ -214,12 +227,15 @@ METRIC_TPOT: Final = "gen_ai.server.time_per_output_token"
 METRIC_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
 METRIC_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
 METRIC_QUEUE_TIME: Final = "llmtrace.queue.time"
+METRIC_PROMPT_TOKENS: Final = "llmtrace.prompt.tokens"  # counter, by LLM_PROMPT_TOKEN_SOURCE
+LLM_PROMPT_TOKEN_SOURCE: Final = "llm.prompt_tokens.source"  # computed | cached | transferred
 METRIC_BATCH_SIZE: Final = "llmtrace.batch.size"
 METRIC_GPU_IDLE_RATIO: Final = "llmtrace.gpu.idle_ratio"
 METRIC_GPU_AVAILABLE: Final = "llmtrace.gpu.available"
 METRIC_DROPPED_SPANS: Final = "llmtrace.spans.dropped"
 METRIC_INSTRUMENTATION_ERRORS: Final = "llmtrace.instrumentation.errors"
 METRIC_OVERHEAD_CPU: Final = "llmtrace.overhead.cpu_time"
+METRIC_ENGINE_RESTARTS: Final = "llm.engine.restarts"  # counter by llm.engine.id: a supervisor restarted a dead engine
 LLMTRACE_WORKER: Final = "llmtrace.worker"  # span_builder | exporter on METRIC_OVERHEAD_CPU
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"  # input | output on METRIC_TOKEN_USAGE
 

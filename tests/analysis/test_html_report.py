@@ -120,6 +120,24 @@ def test_partial_data_renders_without_errors(keep: str, tmp_path: Path) -> None:
     assert 'class="empty"' in proc.stdout
 
 
+def test_prefix_cache_view_plots_ttft_against_the_cached_share(tmp_path: Path) -> None:
+    """Requests with prompt provenance: the page draws one point per request in the prefix-cache
+    view and states the hit ratio."""
+    from tests.analysis.test_prefix_cache import _requests
+
+    browser = _chromium()
+    summary = to_json(analyze(build_traceset(_requests([0, 0, 256, 384, 448]))), include_views=True)
+    page = tmp_path / "prefix.html"
+    page.write_text(render_html(summary), encoding="utf-8")
+    proc = _run(browser, tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert [] == [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    dom = proc.stdout
+    assert 'id="scatter-cached-svg"' in dom
+    cached_view = dom[dom.index('id="scatter-cached-svg"'):]
+    assert 5 == cached_view[:cached_view.index("</svg>")].count('class="pt"')
+    assert "Prefix-cache hit ratio 42.5%" in dom
+
+
 def test_report_screenshot_is_saved_for_review(report: Path, tmp_path: Path) -> None:
     """A full-page screenshot lands in artifacts/ (gitignored) for people to look at."""
     browser = _chromium()

@@ -7,7 +7,7 @@ provider (which can be set only once).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +19,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llmtrace import _runtime
-from llmtrace._export import ExportStats
-from llmtrace._otel import LLMTraceSampler, Providers
+from llmtrace._otel.export import ExportStats
+from llmtrace._otel.providers import LLMTraceSampler, Providers
 from llmtrace.config import resolve
 from llmtrace.lifecycle.builder import BUILDER
-from llmtrace.metrics import ServingMetrics
+from llmtrace.lifecycle.metrics import ServingMetrics
 
 
 @dataclass
@@ -70,8 +70,12 @@ def captured() -> Iterator[Captured]:
     _runtime.reset()
 
 
+#: ``runtime_with(**options)`` installs a runtime resolved from *options* (the fixture below).
+InstallRuntime = Callable[..., Captured]
+
+
 @pytest.fixture
-def runtime_with() -> Iterator[Any]:
+def runtime_with() -> Iterator[InstallRuntime]:
     yield install_runtime
     BUILDER.flush(10)
     _runtime.reset()

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags
 
-from llmtrace._otel import LLMTraceSampler
+from llmtrace._otel.providers import LLMTraceSampler
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.emit import ApiFinishedSpans, FinishedSpans, SdkFinishedSpans
 

@@ -59,7 +59,7 @@ def test_the_export_threads_cpu_time_is_counted(tmp_path: Path) -> None:
     """The bounded processor's exporter adds its own thread CPU time to ExportStats."""
     from opentelemetry.sdk.trace import TracerProvider
 
-    from llmtrace._export import BoundedSpanProcessor, ExportStats, JsonLinesSpanExporter, open_sink
+    from llmtrace._otel.export import BoundedSpanProcessor, ExportStats, JsonLinesSpanExporter, open_sink
 
     stats = ExportStats()
     processor = BoundedSpanProcessor(JsonLinesSpanExporter(open_sink(str(tmp_path / "t.jsonl"))), stats, 1000, "t")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from llmtrace import _gil
+from llmtrace._otel import gil as _gil
 
 
 def test_a_yield_once_per_interval_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
     """maybe() sleeps (releasing the GIL) only when an interval has passed since the last yield."""
     clock = [0]
     sleeps: list[float] = []
-    monkeypatch.setattr(_gil.time, "perf_counter_ns", lambda: clock[0])
-    monkeypatch.setattr(_gil.time, "sleep", sleeps.append)
+    monkeypatch.setattr("llmtrace._otel.gil.time.perf_counter_ns", lambda: clock[0])
+    monkeypatch.setattr("llmtrace._otel.gil.time.sleep", sleeps.append)
     pause = _gil.GilYield(interval_ns=1000)
     for now in (100, 900, 1000, 1500, 1999, 2000, 2001):
         clock[0] = now
@@ -26,7 +26,7 @@ def test_the_file_exporters_encoder_pauses_between_spans() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from llmtrace._otlp_json import encode_spans
+    from llmtrace._otel.otlp_json import encode_spans
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

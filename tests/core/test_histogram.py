@@ -17,7 +17,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.resources import Resource
 
-from llmtrace._histogram import (
+from llmtrace._otel.histogram import (
     MAX_PENDING,
     AggregatedHistogram,
     HistogramRegistry,

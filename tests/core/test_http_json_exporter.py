@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from llmtrace._export import OtlpHttpJsonSpanExporter
+from llmtrace._otel.export import OtlpHttpJsonSpanExporter
 
 
 class _Collector(ThreadingHTTPServer):
@@ -86,7 +86,7 @@ def test_a_retryable_answer_is_retried_and_a_client_error_is_not(collector: _Col
     ("http://collector:4318/v1/traces", "http://collector:4318/v1/traces"),
 ])
 def test_http_json_endpoints_follow_the_otlp_http_rules(endpoint: str | None, expected: str) -> None:
-    from llmtrace._otel import _metric_exporter, _span_exporter
+    from llmtrace._otel.providers import _metric_exporter, _span_exporter
     from llmtrace.config import resolve
 
     settings = resolve({"exporter": "otlp", "protocol": "http/json", "endpoint": endpoint, "gpu": "off"}, environ={})

@@ -14,7 +14,7 @@ import yaml
 from llmtrace.cli import main
 from llmtrace.load.alerts import render_alerts
 from llmtrace.load.slo import parse_slo
-from tests.stack.binaries import build_promtool
+from scripts.otel_stack.binaries import build_promtool
 from tests.test_collector_configs import _expr_metric_names, _series_names
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"

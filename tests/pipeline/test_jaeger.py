@@ -1,4 +1,4 @@
-"""The FastAPI + generate() request trace, checked in the real Jaeger (collector -> Jaeger, tests/stack)."""
+"""The FastAPI + generate() request trace, checked in the real Jaeger (collector -> Jaeger, scripts/otel_stack)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmtrace import semconv
-from tests.stack.stack import OtelStack
+from scripts.otel_stack.stack import OtelStack
 
 pytestmark = [pytest.mark.stack, pytest.mark.torch]
 

@@ -95,6 +95,30 @@ def test_requests_and_steps_of_the_continuous_batching_loop(manager: tuple[Any, 
     assert all(str(_attr(s, semconv.LLM_ENGINE_ID)).startswith("hf-cb") for s in steps.values())
 
 
+def test_prefix_sharing_reports_the_cached_prompt_tokens(manager: tuple[Any, CapturedTelemetry]) -> None:
+    """Two requests with the same 40-token prompt, one after the other: the first computes it all
+    (a miss: 0 cached), the second is served whole blocks of it from the paged cache, as
+    transformers' own prefix match says; the step that admitted it carries the same count."""
+    cb, captured = manager
+    prompt = list(range(10, 50))
+    for rid in ("prefix-a", "prefix-b"):
+        assert rid == cb.add_request(prompt, request_id=rid, max_new_tokens=2)
+        assert cb.get_result(rid, timeout=120) is not None
+    requests = {_attr(s, semconv.LLM_REQUEST_ID): s
+                for s in wait_for_spans(captured, lambda s: s.name == semconv.SPAN_REQUEST
+                                        and str((s.attributes or {}).get(semconv.LLM_REQUEST_ID, "")).startswith(
+                                            "prefix-"), 2)}
+    first, second = requests["prefix-a"], requests["prefix-b"]
+    assert 0 == _attr(first, semconv.LLM_PROMPT_TOKENS_CACHED)
+    assert 40 == _attr(first, semconv.LLM_PROMPT_TOKENS_COMPUTED)
+    cached = _attr(second, semconv.LLM_PROMPT_TOKENS_CACHED)
+    assert cached > 0 and cached % 16 == 0  # whole pages of 16 tokens
+    assert 40 - cached == _attr(second, semconv.LLM_PROMPT_TOKENS_COMPUTED)
+    steps = [s for s in captured.spans if s.name == semconv.SPAN_STEP
+             and "prefix-b" in (s.attributes or {}).get(semconv.LLM_BATCH_REQUEST_IDS, ())]
+    assert cached in [(s.attributes or {}).get(semconv.LLM_BATCH_CACHED_TOKENS) for s in steps]
+
+
 def test_a_cancelled_request_ends_as_abort(manager: tuple[Any, CapturedTelemetry]) -> None:
     """cancel_request() while the request streams: its llm.request ends as abort, with the tokens so far."""
     cb, captured = manager

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from llmtrace import semconv
+from scripts.otel_stack.stack import OtelStack, by_trace
 from tests.server.spans import run_scenario
-from tests.stack.stack import OtelStack, by_trace
 
 pytestmark = [pytest.mark.torch, pytest.mark.stack]
 

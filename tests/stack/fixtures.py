@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stack.stack import TEST_SAMPLING, OtelStack
+from scripts.otel_stack.stack import TEST_SAMPLING, OtelStack
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tests.stack.binaries import REPO_ROOT
+from scripts.otel_stack.binaries import REPO_ROOT
 
 APP_TIMEOUT_S = 120.0
 

@@ -1,7 +1,7 @@
 """Runs the real vLLM ``LLM`` (API side + EngineCore process + Scheduler) with the fake executor.
 
 ``python -m tests.vllm.scenario MODEL_DIR [--requests N] [--max-tokens N] [--blocks N] [--stop]
-[--otlp-traces-endpoint URL]``
+[--shared-prefix] [--otlp-traces-endpoint URL]``
 prints one JSON line with what vLLM returned. llmtrace is turned on the way a
 deployment turns it on: by the ``vllm.general_plugins`` entry point, when the
 caller exports ``LLMTRACE_VLLM=1`` (or by ``--instrument``, calling
@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
+#: A system prompt several blocks long that every --shared-prefix request starts with.
+SHARED_PREFIX = "you are a helpful assistant, answer briefly. "
 PROMPTS = ["hello world the quick brown fox", "the lazy dog jumps over the quick brown fox again and again",
            "brown fox", "over the lazy dog the quick brown fox jumps hello world"]
 
@@ -26,6 +29,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=6)
     parser.add_argument("--blocks", type=int, default=0, help="num_gpu_blocks_override (small -> preemption)")
     parser.add_argument("--stop", action="store_true", help="stop string = the fake token's text")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="prompts share a long prefix; the first runs alone, so the rest hit the prefix cache")
     parser.add_argument("--instrument", action="store_true", help="llmtrace.instrument() before importing vLLM")
     parser.add_argument("--otlp-traces-endpoint", default=None, help="vLLM's own tracing (no llmtrace needed)")
     args = parser.parse_args()
@@ -37,7 +42,7 @@ def main() -> None:
     from tests.vllm.fake_executor import TOKEN_ID
     from vllm import LLM, SamplingParams
 
-    extra: dict[str, object] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    extra: dict[str, Any] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
     if args.otlp_traces_endpoint:
         extra["otlp_traces_endpoint"] = args.otlp_traces_endpoint
         extra["disable_log_stats"] = False  # vLLM's request spans are built from its stats (on in `vllm serve`)
@@ -49,8 +54,14 @@ def main() -> None:
         stop = [llm.get_tokenizer().decode([TOKEN_ID])]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True, stop=stop)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    result = [{"id": o.request_id, "tokens": len(o.outputs[0].token_ids), "finish": o.outputs[0].finish_reason}
+    if args.shared_prefix:
+        prompts = [SHARED_PREFIX + p for p in prompts]
+        outputs = llm.generate(prompts[:1], params, use_tqdm=False)  # fills the cache
+        outputs += llm.generate(prompts[1:], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    result = [{"id": o.request_id, "tokens": len(o.outputs[0].token_ids), "finish": o.outputs[0].finish_reason,
+               "prompt_tokens": len(o.prompt_token_ids or ()), "cached": o.num_cached_tokens}
               for o in outputs]
     print("SCENARIO " + json.dumps(result), flush=True)
     if args.instrument:

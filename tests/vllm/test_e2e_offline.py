@@ -75,6 +75,27 @@ def test_output_tokens_and_usage(preempting_run: tuple[list[Any], list[Any]]) ->
     assert all(r.attributes["llm.step.first_id"] < r.attributes["llm.step.last_id"] for r in requests)
 
 
+def test_prefix_cache_hits_on_spans_equal_vllms_own(tiny_model: Path, tmp_path: Path) -> None:
+    """Prompts sharing a long prefix, the first run alone: each llm.request says how many prompt
+    tokens the prefix cache served, equal to vLLM's own ``num_cached_tokens``; the rest were
+    computed; the steps that admitted them carry the same cached tokens."""
+    traces = tmp_path / "traces.jsonl"
+    result = run_scenario(tiny_model, traces, "--requests", "4", "--shared-prefix", LLMTRACE_VLLM="1")
+    driven("prefix caching on (vLLM's default): shared-prefix prompts, cache filled by the first")
+    vllm_cached = sorted(r["cached"] for r in result)
+    assert vllm_cached[0] == 0 and vllm_cached[-1] > 0, vllm_cached  # the scenario really hit the cache
+    spans = trace_checks.load(traces)
+    requests = [s for s in spans if s.name == "llm.request"]
+    assert vllm_cached == sorted(r.attributes["gen_ai.usage.cache_read.input_tokens"] for r in requests)
+    for r in requests:
+        a = r.attributes
+        assert a["llm.prompt_tokens.cached"] == a["gen_ai.usage.cache_read.input_tokens"]
+        assert a["llm.prompt_tokens.transferred"] == 0  # no KV connector
+        assert a["llm.prompt_tokens.computed"] == a["gen_ai.usage.input_tokens"] - a["llm.prompt_tokens.cached"]
+    step_cached = sum(s.attributes.get("llm.batch.cached_tokens", 0) for s in spans if s.name == "llm.step")
+    assert sum(vllm_cached) == step_cached
+
+
 def test_stop_string_ends_the_request_on_the_api_side(tiny_model: Path, tmp_path: Path) -> None:
     """vLLM's detokenizer matches a stop string and aborts the engine request: the trace still has
     one set of engine phases and the queue/prefill the engine sent with the first token."""

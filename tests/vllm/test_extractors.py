@@ -66,7 +66,7 @@ def test_batch_info_splits_chunked_prefill_and_decode(scheduler: Any) -> None:
 def test_request_params_from_a_real_request(vllm_module: Any) -> None:
     """Sampling parameters and prompt length, read from vLLM's engine-side Request."""
     params = X.request_params(_request("r1", max_tokens=7))
-    assert X.RequestParams("r1", PROMPT_LEN, 7, 0.5, pytest.approx(0.9), False) == params
+    assert X.RequestParams("r1", PROMPT_LEN, 7, 0.5, pytest.approx(0.9), False) == params  # type: ignore[arg-type]
 
 
 def test_finish_reasons_of_vllm(vllm_module: Any) -> None:
@@ -86,13 +86,42 @@ def test_carrier_and_summary_survive_vllms_wire_format(vllm_module: Any) -> None
     carrier = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     headers = X.merge_carrier({"traceparent": "00-11111111111111111111111111111111-2222222222222222-01",
                                "x-other": "kept"}, carrier)
-    summary = {"queue_s": 0.25, "prefill_s": 0.5, "first_step": 3, "last_step": 9, "preemptions": 1}
+    summary = {"queue_s": 0.25, "prefill_s": 0.5, "first_step": 3, "last_step": 9, "preemptions": 1,
+               "cached_tokens": 32, "transferred_tokens": 0, "draft_tokens": 12, "accepted_tokens": 7}
     output = EngineCoreOutput(request_id="r", new_token_ids=[5], trace_headers=X.with_summary(headers, summary))
     wire = MsgpackEncoder().encode(EngineCoreOutputs(outputs=[output]))
     received = MsgpackDecoder(EngineCoreOutputs).decode(wire).outputs[0]
     assert carrier == X.carrier_from(received.trace_headers)
     assert "kept" == received.trace_headers["x-other"]
     assert summary == X.decode_summary(received.trace_headers)
+
+
+def test_prefix_cache_and_lora_from_vllms_own_objects(vllm_module: Any) -> None:
+    """PrefillStats (on a request's first EngineCoreOutput) split into prefix-cache hits and KV
+    transfer; a LoRARequest's name; absent or malformed values give None, never an exception."""
+    from vllm.lora.request import LoRARequest
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.metrics.stats import PrefillStats
+    from vllm.v1.request import Request
+
+    stats = PrefillStats()
+    stats.set(num_prompt_tokens=100, num_local_cached_tokens=48, num_external_cached_tokens=16)
+    assert (48, 16) == X.prefill_cache(stats)
+    assert X.prefill_cache(None) is None
+    assert X.prefill_cache(object()) is None
+    lora = LoRARequest("sql-adapter", 1, "/adapters/sql")
+    request = Request("r2", list(range(3, 3 + PROMPT_LEN)), SamplingParams(max_tokens=2), None, lora_request=lora)
+    assert "sql-adapter" == X.request_params(request).lora
+    assert X.request_params(_request("r3")).lora is None
+
+
+def test_cached_tokens_of_a_step_are_the_new_requests_cache_hits() -> None:
+    """A SchedulerOutput's newly admitted requests carry their prefix-cache hit as num_computed_tokens."""
+    output = SimpleNamespace(num_scheduled_tokens={"a": 8, "b": 24}, total_num_scheduled_tokens=32,
+                             scheduled_new_reqs=[SimpleNamespace(req_id="a", num_computed_tokens=32),
+                                                 SimpleNamespace(req_id="b", num_computed_tokens=0)],
+                             scheduled_cached_reqs=None, preempted_req_ids=())
+    assert 32 == X.batch_info(output, {}).cached_tokens
 
 
 def test_decode_summary_rejects_malformed_input() -> None:
@@ -133,3 +162,25 @@ def test_engine_id_and_model_name_from_config_stand_ins() -> None:
 def test_version_range(version: str | None, supported: bool) -> None:
     """The declared range is inclusive below, exclusive above; dev/local suffixes are ignored."""
     assert supported == X.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE)
+
+
+def test_speculative_decoding_counts_follow_vllms_accounting(scheduler: Any) -> None:
+    """A verify step with k draft tokens returns the accepted drafts plus one bonus token: the
+    request counts k proposed and len(new tokens) - 1 accepted, summed over its steps."""
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+
+    from llmtrace.integrations.vllm import _engine
+
+    request = _request("spec-1", max_tokens=10)
+    _engine._engine_add(scheduler, request)
+    state = _engine._state(scheduler)
+    handle = state.handles["spec-1"]
+    for drafts, returned in (([7, 8, 9], [1, 2, 3]), ([7, 8, 9], [4]), ([], [5])):
+        pending = _engine._Pending(SimpleNamespace(scheduled_spec_decode_tokens={"spec-1": drafts} if drafts else {}),
+                                   None, state, 0)  # type: ignore[arg-type]
+        outputs = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="spec-1", new_token_ids=returned)])
+        _engine._engine_updated(scheduler, pending, {0: outputs}, 1, 2)
+    assert [6, 2] == handle.spec_decode
+    assert 5 == handle.output_tokens
+    state.handles.pop("spec-1")
+    state.tracker.aborted("spec-1")

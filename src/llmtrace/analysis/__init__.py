@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmtrace._version import __version__
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.errors import AnalysisError, EmptySourceError, SourceError, SummaryError
 from llmtrace.analysis.model import Span, Trace, TraceSet
 from llmtrace.analysis.summary import SCHEMA_VERSION, Analysis, analyze, to_json
-
-__version__ = "0.1.0"
 
 
 def load(spec: str, **kwargs: Any) -> TraceSet:
@@ -42,6 +41,7 @@ __all__ = [
     "SummaryError",
     "Trace",
     "TraceSet",
+    "__version__",
     "analyze",
     "build_traceset",
     "load",

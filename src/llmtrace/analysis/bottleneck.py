@@ -16,6 +16,7 @@ from typing import NamedTuple
 from llmtrace import semconv as sc
 from llmtrace.analysis.gpu_idle import EngineIdle
 from llmtrace.analysis.model import RequestView, StepView, WindowView
+from llmtrace.analysis.prefix_cache import PrefixCacheStats
 from llmtrace.analysis.stats import percentile
 
 
@@ -25,6 +26,7 @@ class Bottleneck(str, Enum):
     HOST = "host-scheduling"
     QUEUEING = "queueing-load"
     NETWORK = "network-streaming"
+    PREFIX_MISS = "prefix-cache-misses"
     NONE = "none"
 
 
@@ -48,6 +50,9 @@ KV_HIGH = 0.9
 QUEUE_FULL = 0.4
 #: Network/streaming share of latency at which the HTTP layer, not the model, is the cost.
 NETWORK_FULL = 0.3
+#: Prefill share of request latency at which recomputing prompts is what users wait for
+#: (a chat request with a cached system prompt spends most of its TTFT elsewhere).
+PREFILL_FULL = 0.4
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,13 @@ class Features:
     #: (vLLM's own tracing, a front end traced alone) compute, KV-memory and host limits are
     #: unmeasured, not absent.
     engine_observed: bool = True
+    #: Prefill's share of request latency.
+    prefill_share: float = 0.0
+    #: Share of prompt tokens the engine computed (not served by its prefix cache or a KV
+    #: transfer); None where no engine reported it, and then the class is not scored.
+    cache_miss_share: float | None = None
+    #: Requests with a real prefix-cache hit, of those that reported (shared prefixes exist).
+    cache_hit_requests_share: float = 0.0
 
 
 def _clip(x: float) -> float:
@@ -99,6 +111,10 @@ def score(f: Features) -> dict[Bottleneck, float]:
         Bottleneck.QUEUEING: _clip(f.queue_share / QUEUE_FULL)
         * (max(saturated, _clip(f.queue_growth)) if f.engine_observed else 1.0),
         Bottleneck.NETWORK: _clip(f.network_share / NETWORK_FULL),
+        # Only where the engine reported prompt provenance: scored from nothing, it would read as
+        # "no misses" when it is "not measured".
+        **({Bottleneck.PREFIX_MISS: _clip(f.prefill_share / PREFILL_FULL) * f.cache_miss_share}
+           if f.cache_miss_share is not None else {}),
     }
 
 
@@ -134,6 +150,9 @@ def _evidence(cls: Bottleneck, f: Features) -> dict[str, float]:
         extra = {"queue_share": f.queue_share, "queue_growth_per_s": f.queue_growth}
     elif cls is Bottleneck.NETWORK:
         extra = {"network_share": f.network_share}
+    elif cls is Bottleneck.PREFIX_MISS:
+        extra = {"prefill_share": f.prefill_share, "prompt_tokens_computed_share": f.cache_miss_share or 0.0,
+                 "requests_with_cache_hit_share": f.cache_hit_requests_share}
     else:
         extra = {"queue_share": f.queue_share, "mean_batch_size": f.mean_batch}
     return {k: round(v, 4) for k, v in {**base, **extra}.items()}
@@ -163,32 +182,62 @@ def _recommend_host(f: Features) -> str:
     )
 
 
+def _recommend_memory(f: Features) -> str:
+    return (
+        f"{f.preemptions_per_request:.2f} preemptions/request, KV usage p90 {f.kv_usage_p90:.0%}: "
+        "raise gpu_memory_utilization, lower max_num_seqs, enable prefix caching or KV quantization "
+        "(fp8), or add a replica."
+    )
+
+
+def _recommend_queueing(f: Features) -> str:
+    return (
+        f"{f.queue_share:.0%} of latency is queueing while the GPU is {f.busy_ratio:.0%} busy: arrivals "
+        "exceed capacity — add replicas, rate-limit, or raise max_num_batched_tokens if memory allows."
+    )
+
+
+def _recommend_compute(f: Features) -> str:
+    return (
+        f"forward passes occupy {f.busy_ratio:.0%} of the time (mean batch {f.mean_batch:.1f}): "
+        "the model itself is the limit — quantize, use a smaller/speculative draft model, "
+        "tensor-parallel across more GPUs, or add replicas."
+    )
+
+
+def _recommend_network(f: Features) -> str:
+    return (
+        f"{f.network_share:.0%} of latency is outside the engine (HTTP, streaming): check response "
+        "streaming chunk sizes, proxies buffering SSE, and client read speed."
+    )
+
+
 def _recommend(cls: Bottleneck, f: Features) -> str:
-    if cls is Bottleneck.HOST:
-        return _recommend_host(f)
-    if cls is Bottleneck.MEMORY:
-        return (
-            f"{f.preemptions_per_request:.2f} preemptions/request, KV usage p90 {f.kv_usage_p90:.0%}: "
-            "raise gpu_memory_utilization, lower max_num_seqs, enable prefix caching or KV quantization "
-            "(fp8), or add a replica."
-        )
-    if cls is Bottleneck.QUEUEING:
-        return (
-            f"{f.queue_share:.0%} of latency is queueing while the GPU is {f.busy_ratio:.0%} busy: arrivals "
-            "exceed capacity — add replicas, rate-limit, or raise max_num_batched_tokens if memory allows."
-        )
-    if cls is Bottleneck.COMPUTE:
-        return (
-            f"forward passes occupy {f.busy_ratio:.0%} of the time (mean batch {f.mean_batch:.1f}): "
-            "the model itself is the limit — quantize, use a smaller/speculative draft model, "
-            "tensor-parallel across more GPUs, or add replicas."
-        )
-    if cls is Bottleneck.NETWORK:
-        return (
-            f"{f.network_share:.0%} of latency is outside the engine (HTTP, streaming): check response "
-            "streaming chunk sizes, proxies buffering SSE, and client read speed."
-        )
-    return _recommend_none(f)
+    recommend = {
+        Bottleneck.HOST: _recommend_host,
+        Bottleneck.MEMORY: _recommend_memory,
+        Bottleneck.QUEUEING: _recommend_queueing,
+        Bottleneck.COMPUTE: _recommend_compute,
+        Bottleneck.PREFIX_MISS: _recommend_prefix,
+        Bottleneck.NETWORK: _recommend_network,
+    }.get(cls, _recommend_none)
+    return recommend(f)
+
+
+def _recommend_prefix(f: Features) -> str:
+    computed = f.cache_miss_share or 0.0
+    head = (f"{f.prefill_share:.0%} of latency is prefill and {computed:.0%} of the prompt tokens were "
+            "computed, not served from the prefix cache: ")
+    if f.cache_hit_requests_share > 0:
+        return head + (
+            f"{f.cache_hit_requests_share:.0%} of requests did hit, so prefixes are shared but evicted or "
+            "spread: route requests with the same prefix to the same replica (prefix-aware routing), give the "
+            "KV cache more memory so prefixes survive, and keep shared text (system prompt, tools) first and "
+            "byte-identical.")
+    return head + (
+        "no request hit: check that prefix caching is on (vLLM: enable_prefix_caching), that shared text "
+        "comes first in the prompt and is byte-identical across requests; if prompts share nothing, "
+        "prefill is simply the model's work — chunked prefill or a prefill/decode split helps TTFT.")
 
 
 def _recommend_none(f: Features) -> str:
@@ -245,6 +294,8 @@ def features(
     requests: Sequence[RequestView],
     queue_share: float,
     network_share: float,
+    prefill_share: float = 0.0,
+    prefix_cache: PrefixCacheStats | None = None,
 ) -> Features:
     covered = sum(e.covered_ns for e in idle)
     idle_ns = sum(e.idle_ns for e in idle)
@@ -266,6 +317,9 @@ def features(
         network_share=network_share,
         mean_batch=steps.mean_batch,
         engine_observed=covered > 0,
+        prefill_share=prefill_share,
+        cache_miss_share=prefix_cache.miss_share if prefix_cache is not None else None,
+        cache_hit_requests_share=prefix_cache.hit_requests / prefix_cache.requests if prefix_cache else 0.0,
     )
 
 

@@ -16,6 +16,7 @@ from operator import attrgetter
 from typing import Any, TypeVar
 
 from llmtrace import semconv as sc
+from llmtrace._version import __version__
 from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
@@ -24,6 +25,7 @@ from llmtrace.analysis.client_join import join_client_server
 from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
+from llmtrace.analysis.prefix_cache import PrefixCacheStats, prefix_cache_stats
 from llmtrace.analysis.stats import pcts
 
 _T = TypeVar("_T")
@@ -66,6 +68,8 @@ class Analysis:
     anomalies: tuple[Anomaly, ...]
     samples: Mapping[str, list[float]]
     views: Mapping[str, Any] = field(default_factory=dict)
+    #: None where no engine reported prompt provenance.
+    prefix_cache: PrefixCacheStats | None = None
     #: Client and server joined, when a load client's CLIENT spans are in the traces
     #: (analysis/client_join.py); None otherwise.
     client: Mapping[str, Any] | None = None
@@ -110,8 +114,10 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     phases = phase_breakdown(per_phase, e2e)
     share = {p.phase: p.share for p in phases}
     idle = tuple(engine_idle(e, reqs, ts.tokenize) for e in ts.engines.values())
+    prefix = prefix_cache_stats(reqs)
     diagnosis = bn.diagnose(
-        bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0))
+        bn.features(idle, _all_step_stats(ts.engines), reqs, share.get("queue", 0.0), share.get("network", 0.0),
+                    share.get("prefill", 0.0), prefix)
     )
     starts = [_step_starts(e) for e in ts.engines.values()]  # read by the windows and the timeline
     windows = tuple(_window_verdicts(ts.engines, idle, starts))
@@ -139,13 +145,15 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
         anomalies,
         samples,
     )
-    views = {
+    views: dict[str, Any] = {
         "timeline": _timeline(ts.engines, idle, starts),
         "scatter": _scatter(reqs, anomalies),
     }
+    if prefix is not None:
+        views["ttft_vs_cached"] = [list(p) for p in prefix.points]
     client = join_client_server(reqs, lambda lo, hi: _classes_between(windows, lo, hi))
-    return Analysis(**{**{f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}, "views": views,
-                       "client": client})
+    fields = {f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}
+    return Analysis(**{**fields, "views": views, "prefix_cache": prefix, "client": client})
 
 
 def _classes_between(windows: Sequence[WindowVerdict], start_ns: int, end_ns: int) -> dict[str, int]:
@@ -276,8 +284,6 @@ def _diag_json(d: bn.Diagnosis) -> dict[str, Any]:
 
 def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
     """The versioned summary (see docs/analysis.md for every key)."""
-    from llmtrace.analysis import __version__
-
     counts: dict[str, int] = {}
     for w in a.windows:
         counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1
@@ -369,6 +375,15 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
         ],
         "samples": a.samples,
     }
+    if a.prefix_cache is not None:
+        p = a.prefix_cache
+        out["prefix_cache"] = {
+            "requests": p.requests,
+            "hit_ratio": p.hit_ratio,
+            "hit_requests": p.hit_requests,
+            "tokens": {"computed": p.computed_tokens, "cached": p.cached_tokens, "transferred": p.transferred_tokens},
+            "ttft_p50_s": {"hit": p.ttft_hit_p50_s, "miss": p.ttft_miss_p50_s},
+        }
     if a.client is not None:
         out["client"] = a.client
     if include_views:

@@ -212,7 +212,7 @@ def _add_demo(sub: Any) -> None:
     p.add_argument("--no-analysis", action="store_true", help="only produce traces")
     p.add_argument("--html", metavar="PATH", help="write the HTML report")
     p.add_argument("--json", metavar="PATH", help="write the JSON summary")
-    p.set_defaults(func=_lazy("llmtrace.demo", "run_demo"))
+    p.set_defaults(func=_lazy("llmtrace.server.demo", "run_demo"))
 
 
 def _add_doctor(sub: Any) -> None:

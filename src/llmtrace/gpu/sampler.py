@@ -31,9 +31,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from math import isfinite
 from types import TracebackType
+from typing import Any
 
 from llmtrace.gpu import _process
-from llmtrace.gpu._process import get_sampler, start_sampler, stop_sampler
 from llmtrace.gpu._queries import QUERIES, SPAN_KEYS
 from llmtrace.gpu._state import (
     STALE_PERIODS,
@@ -488,3 +488,64 @@ class GpuSampler:
         else:
             self._state = SamplerState.STOPPED
             self._detail = "stopped in a forked child" if was_active else ""
+
+
+# --------------------------------------------------------------------------- the process sampler
+# The one sampler ``llmtrace.instrument()`` starts. Its fork hook is registered after
+# _process's (imported above), so in a forked child every sampler has already handled the
+# fork when the singleton is checked.
+
+_SINGLETON: GpuSampler | None = None
+_SINGLETON_LOCK = threading.Lock()
+
+
+def _forget_singleton_in_child() -> None:
+    global _SINGLETON_LOCK, _SINGLETON
+    _SINGLETON_LOCK = threading.Lock()
+    if _SINGLETON is not None and _SINGLETON.status().state not in (SamplerState.RUNNING, SamplerState.STARTING):
+        _SINGLETON = None
+
+
+os.register_at_fork(after_in_child=_forget_singleton_in_child)
+
+
+def get_sampler() -> GpuSampler | None:
+    """The process's sampler started by :func:`start_sampler` (``None`` if none, or in a
+    forked child that did not restart it)."""
+    return _SINGLETON
+
+
+def start_sampler(
+    interval_s: float = 0.1,
+    devices: str | Sequence[int | str] = "visible",
+    *,
+    required: bool = False,
+    **options: Any,
+) -> GpuSampler:
+    """Start (or return the running) process sampler. Options go to :class:`GpuSampler`.
+
+    ``required=True`` (``instrument(gpu="on")``) logs a missing GPU as a warning instead
+    of at INFO level. Never raises because of the GPU: without one the sampler is
+    returned in state ``UNAVAILABLE`` after saying why once.
+    """
+    global _SINGLETON
+    with _SINGLETON_LOCK:
+        current = _SINGLETON
+        if current is not None:
+            same = current.interval_s == float(interval_s) and current.selection == devices
+            if same and current.status().state in (SamplerState.RUNNING, SamplerState.STARTING):
+                return current
+            current.stop()
+        options.setdefault("unavailable_log_level", logging.WARNING if required else logging.INFO)
+        sampler = GpuSampler(interval_s, devices, **options)
+        _SINGLETON = sampler
+        return sampler.start()
+
+
+def stop_sampler() -> None:
+    """Stop and forget the process sampler (idempotent)."""
+    global _SINGLETON
+    with _SINGLETON_LOCK:
+        sampler, _SINGLETON = _SINGLETON, None
+    if sampler is not None:
+        sampler.stop()

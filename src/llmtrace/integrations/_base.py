@@ -9,10 +9,12 @@ original objects, so ``uninstrument()`` leaves the library exactly as it was.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
+import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import wrapt
@@ -81,6 +83,19 @@ class Patches:
         self._saved.clear()
 
 
+# Post-import hooks cannot be removed, so each (integration, submodule) gets one per process;
+# it patches through whichever instance of the integration is live when the module loads.
+_lazy_lock = threading.Lock()
+_lazy_hooked: set[tuple[str, str]] = set()
+_lazy_owner: dict[str, Instrumentor] = {}
+
+
+def _on_lazy_import(name: str, module: str, _imported: Any) -> None:
+    owner = _lazy_owner.get(name)
+    if owner is not None:
+        owner._apply_lazy(module)
+
+
 class Instrumentor:
     """Base class of every integration."""
 
@@ -94,17 +109,17 @@ class Instrumentor:
         self._lock = threading.Lock()
         self._active = False
         self.patches = Patches()
-        self.options: dict[str, Any] = {}
+        self._lazy_targets: dict[str, Callable[[], None]] = {}
+        self._lazy_done: set[str] = set()
 
     @property
     def active(self) -> bool:
         return self._active
 
-    def instrument(self, **options: Any) -> None:
+    def instrument(self) -> None:
         with self._lock:
             if self._active:
                 return
-            self.options = options
             try:
                 self._patch()
             except Exception as exc:  # noqa: BLE001 - a failed patch leaves the library untouched
@@ -120,8 +135,37 @@ class Instrumentor:
             try:
                 self._unpatch()
             finally:
+                if _lazy_owner.get(self.name) is self:
+                    del _lazy_owner[self.name]
+                self._lazy_targets, self._lazy_done = {}, set()
                 self.patches.restore()
                 self._active = False
+
+    def patch_on_import(self, targets: Mapping[str, Callable[[], None]]) -> None:
+        """Run each ``submodule -> patch`` of *targets* now if the submodule is imported, else
+        when it is: for libraries that load lazily (transformers), so a process that only
+        tokenizes never imports the modeling code because of llmtrace. A failing patch is
+        recorded and leaves the other targets alone."""
+        self._lazy_targets, self._lazy_done = dict(targets), set()
+        _lazy_owner[self.name] = self
+        for module in targets:
+            if module in sys.modules:
+                self._apply_lazy(module)
+            with _lazy_lock:
+                if (self.name, module) in _lazy_hooked:
+                    continue
+                _lazy_hooked.add((self.name, module))
+            wrapt.register_post_import_hook(functools.partial(_on_lazy_import, self.name, module), module)
+
+    def _apply_lazy(self, module: str) -> None:
+        patch = self._lazy_targets.get(module)
+        if patch is None or module in self._lazy_done:
+            return
+        self._lazy_done.add(module)
+        try:
+            patch()
+        except Exception as exc:  # noqa: BLE001 - one submodule's patch failing leaves the rest traced
+            record_error(f"patch:{self.name}:{module}", exc)
 
     def _patch(self) -> None:
         raise NotImplementedError

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from llmtrace._gil import GilYield
+from llmtrace._otel.gil import GilYield
 from llmtrace._safety import record_error, warn_once
 
 log = logging.getLogger("llmtrace")

@@ -167,7 +167,7 @@ def current() -> FinishedSpans:
 
 
 def _parent_based(sampler: Any) -> bool:
-    from llmtrace._otel import LLMTraceSampler
+    from llmtrace._otel.providers import LLMTraceSampler
 
     return isinstance(sampler, (ParentBased, LLMTraceSampler))
 

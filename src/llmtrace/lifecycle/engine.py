@@ -44,8 +44,8 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from llmtrace import _runtime, semconv
-from llmtrace._gil import GilYield
 from llmtrace._gpu_hook import energy_available
+from llmtrace._otel.gil import GilYield
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
@@ -70,8 +70,9 @@ class StepRecord:
     # slot stores beat instance-dict stores (measured; a dict with class-level defaults
     # made batch() 3x slower as each step's dict grew).
     __slots__ = ("_gpu_token", "_mark_name", "_mark_ns", "_phase_name", "_phase_start", "_timer", "attributes",
-                 "decode_tokens", "end_ns", "energy_done", "energy_j", "engine", "handles", "kv_cache_usage", "phases",
-                 "preempted", "prefill_tokens", "running", "start_ns", "step_id", "waiting")
+                 "cached_tokens", "decode_tokens", "end_ns", "energy_done", "energy_j", "engine", "handles",
+                 "kv_cache_usage", "phases", "preempted", "prefill_tokens", "running", "start_ns", "step_id",
+                 "waiting")
 
     def __init__(self, engine: EngineTracer, step_id: int, start_ns: int) -> None:
         self.engine = engine
@@ -79,7 +80,7 @@ class StepRecord:
         self.start_ns = self.end_ns = start_ns
         self.phases: list[tuple[str, int, int]] = []
         self.handles: list[RequestHandle] = []
-        self.prefill_tokens = self.decode_tokens = self.preempted = 0
+        self.prefill_tokens = self.decode_tokens = self.preempted = self.cached_tokens = 0
         self.waiting: int | None = None
         self.running: int | None = None
         self.kv_cache_usage: float | None = None
@@ -141,8 +142,9 @@ class StepRecord:
 
     def batch(self, request_ids: Iterable[str], *, prefill_tokens: int = 0, decode_tokens: int = 0,
               waiting: int | None = None, running: int | None = None,
-              kv_cache_usage: float | None = None, preempted: int = 0) -> None:
-        """The requests in this step's batch, and the batch's numbers."""
+              kv_cache_usage: float | None = None, preempted: int = 0, cached_tokens: int = 0) -> None:
+        """The requests in this step's batch, and the batch's numbers (*cached_tokens*: prompt
+        tokens of the requests admitted now that the prefix cache served)."""
         # RequestHandle.scheduled() inlined: this loop runs for every request in every step,
         # so the lookups run in C (map) and the loop body is one flag test and one append.
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
@@ -166,6 +168,7 @@ class StepRecord:
         self.waiting, self.running = waiting, running
         self.kv_cache_usage = kv_cache_usage
         self.preempted += preempted
+        self.cached_tokens += cached_tokens
 
     def tokens(self, request_ids: Iterable[str] | None = None) -> None:
         """Each of these requests (default: the whole batch) produced one output token now."""
@@ -357,6 +360,8 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
                        (semconv.LLM_KV_CACHE_USAGE, step.kv_cache_usage)):
         if value is not None:
             attrs[key] = value
+    if step.cached_tokens:
+        attrs[semconv.LLM_BATCH_CACHED_TOKENS] = step.cached_tokens
     if step.attributes:
         attrs.update(step.attributes)
     return attrs

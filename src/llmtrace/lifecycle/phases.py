@@ -70,6 +70,10 @@ def phase_summary(rec: RequestHandle) -> dict[str, Any]:
         summary["first_step"], summary["last_step"] = rec.steps[0], rec.steps[-1]
         first_tok = rec.token_ns[0] if rec.token_ns else None
         summary["decode_steps"] = max(0, len(rec.steps) - 1) if first_tok is not None else 0
+    if rec.prompt_cache is not None:
+        summary["cached_tokens"], summary["transferred_tokens"] = rec.prompt_cache
+    if rec.spec_decode is not None:
+        summary["draft_tokens"], summary["accepted_tokens"] = rec.spec_decode
     if rec.step_records:
         from llmtrace.lifecycle.energy import request_energy_j
 
@@ -100,6 +104,38 @@ def _latency_attributes(rec: RequestHandle, phases: Phases) -> dict[str, Any]:
                       ("energy_j", semconv.LLM_ENERGY_J)):
         if key in summary:
             attrs[attr] = summary[key]
+    attrs.update(_provenance_attributes(rec, summary))
+    return attrs
+
+
+def prompt_cache_of(rec: RequestHandle) -> tuple[int, int] | None:
+    """(cached, transferred) prompt tokens: from this process's record, or from the engine's
+    summary when the engine runs in another process; None when no engine said."""
+    if rec.prompt_cache is not None:
+        return rec.prompt_cache
+    summary = rec.summary_in
+    if summary and "cached_tokens" in summary:
+        return int(summary["cached_tokens"]), int(summary.get("transferred_tokens", 0))
+    return None
+
+
+def _provenance_attributes(rec: RequestHandle, summary: dict[str, Any]) -> dict[str, Any]:
+    """Where the prompt's KV came from, and what speculative decoding kept."""
+    attrs: dict[str, Any] = {}
+    cache = prompt_cache_of(rec)
+    if cache is not None:
+        cached, transferred = cache
+        attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = cached + transferred
+        attrs[semconv.LLM_PROMPT_TOKENS_CACHED] = cached
+        attrs[semconv.LLM_PROMPT_TOKENS_TRANSFERRED] = transferred
+        if rec.prompt_tokens is not None:
+            attrs[semconv.LLM_PROMPT_TOKENS_COMPUTED] = max(0, rec.prompt_tokens - cached - transferred)
+    spec = rec.spec_decode
+    if spec is None and "draft_tokens" in summary:
+        spec = [int(summary["draft_tokens"]), int(summary.get("accepted_tokens", 0))]
+    if spec is not None and spec[0] > 0:
+        attrs[semconv.LLM_SPEC_DRAFT_TOKENS], attrs[semconv.LLM_SPEC_ACCEPTED_TOKENS] = spec
+        attrs[semconv.LLM_SPEC_ACCEPTANCE_RATE] = spec[1] / spec[0]
     return attrs
 
 

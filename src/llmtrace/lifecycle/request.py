@@ -75,6 +75,7 @@ class RequestHandle:
         "owns_span",
         "parent_context",
         "prompt",
+        "prompt_cache",
         "prompt_tokens",
         "queued_ns",
         "recording",
@@ -82,6 +83,7 @@ class RequestHandle:
         "request_id",
         "scheduled_ns",
         "span",
+        "spec_decode",
         "step_records",
         "steps",
         "summary_in",
@@ -130,6 +132,10 @@ class RequestHandle:
         self._extra_tokens = 0
         self._reported_tokens: int | None = None
         self.detokenize_ns = 0
+        #: (cached, transferred) prompt tokens, as the engine first reported them.
+        self.prompt_cache: tuple[int, int] | None = None
+        #: [draft tokens, accepted tokens] of speculative decoding, summed over the steps.
+        self.spec_decode: list[int] | None = None
         self.finish_ns: int | None = None
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
@@ -189,6 +195,22 @@ class RequestHandle:
     @output_tokens.setter
     def output_tokens(self, count: int) -> None:  # an adapter that knows the exact count says so
         self._reported_tokens = count
+
+    def prompt_cached(self, cached: int, transferred: int = 0) -> None:
+        """The engine served *cached* prompt tokens from its prefix cache and received
+        *transferred* by KV transfer; it computed the rest. The first report counts (a
+        request recomputed after preemption reports its first admission)."""
+        if self.prompt_cache is None and cached >= 0 and transferred >= 0:
+            self.prompt_cache = (cached, transferred)
+
+    def speculated(self, draft_tokens: int, accepted_tokens: int) -> None:
+        """One verify step of speculative decoding: *draft_tokens* proposed, *accepted_tokens* kept."""
+        counts = self.spec_decode
+        if counts is None:
+            self.spec_decode = [draft_tokens, accepted_tokens]
+        else:
+            counts[0] += draft_tokens
+            counts[1] += accepted_tokens
 
     def detokenized(self, duration_ns: int) -> None:
         """Time spent turning output tokens into text (incremental or final)."""

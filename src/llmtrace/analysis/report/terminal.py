@@ -51,6 +51,7 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
         lines += _critical_path(summary["critical_path"])
     else:
         lines += ["", "Requests: no llm.request spans (latency, phases and critical path need request traces)"]
+    lines += _prefix_cache(summary.get("prefix_cache"))
     lines += _gpu_idle(summary["gpu_idle"])
     lines += _bottleneck(summary["bottleneck"])
     lines += _anomalies(summary["anomalies"], max_anomalies)
@@ -116,6 +117,16 @@ def _gpu_idle(idle: Mapping[str, Any]) -> list[str]:
         causes = sorted(((k, v) for k, v in d["by_cause_s"].items() if v), key=lambda kv: -kv[1])
         out.append("      host was in: " + ", ".join(f"{k} {v / total:.0%}" for k, v in causes))
     return out
+
+
+def _prefix_cache(pc: Mapping[str, Any] | None) -> list[str]:
+    if not pc:
+        return []
+    tokens, ttft = pc["tokens"], pc["ttft_p50_s"]
+    return ["", f"Prefix cache: {_pct(pc['hit_ratio'])} of prompt tokens served from it "
+                f"({pc['hit_requests']} of {pc['requests']} requests hit); computed {tokens['computed']:,}, "
+                f"cached {tokens['cached']:,}, transferred {tokens['transferred']:,} tokens",
+            f"  TTFT p50: {fmt_s(ttft['hit'])} with a hit, {fmt_s(ttft['miss'])} without"]
 
 
 def _bottleneck(b: Mapping[str, Any]) -> list[str]:

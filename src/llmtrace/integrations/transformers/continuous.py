@@ -17,9 +17,13 @@ requests (offloaded to CPU or soft-reset) when the cache runs out. Each manager 
   ``llm.queue``);
 * each step is an ``llm.step`` with ``llm.schedule`` / ``llm.forward`` / ``llm.postprocess``
   and its batch (request ids, prefill and decode tokens, waiting and running counts, the
-  paged cache's usage) —
+  paged cache's usage, the prompt tokens its prefix sharing served) —
   in the synchronous mode only: with async batching (CUDA) a step's update handles the
   previous batch's outputs, so steps are not recorded there; requests still are.
+
+With prefix sharing (``allow_block_sharing``, on by default for full-attention models) each
+request says how many prompt tokens were served from blocks already in the cache
+(``PagedAttentionCache.search_prefix_match``; ``llm.prompt_tokens.cached``), a miss saying 0.
 
 Children of parallel sampling (``num_return_sequences > 1``, ids ``<id>__child#<n>``) are
 not separate requests: the parent carries on.
@@ -42,6 +46,9 @@ from llmtrace.lifecycle.scope import current_scope
 API_MODULE: Final = "transformers.generation.continuous_batching.continuous_api"
 REQUESTS_MODULE: Final = "transformers.generation.continuous_batching.requests"
 SCHEDULER_MODULE: Final = "transformers.generation.continuous_batching.scheduler"
+CACHE_MODULE: Final = "transformers.generation.continuous_batching.cache"
+#: Optional (older versions lack it): wrapped on its own, outside the all-or-nothing TARGETS.
+PREFIX_MATCH: Final = "PagedAttentionCache.search_prefix_match"
 MANAGER: Final = "ContinuousBatchingManager"
 PROCESSOR: Final = "ContinuousBatchProcessor"
 
@@ -58,6 +65,8 @@ class _EngineThread(threading.local):
 
     engine: EngineTracer | None = None
     step: Any = None
+    #: Prompt tokens served from the prefix cache for the batch being prepared.
+    cached_tokens: int = 0
 
 
 _thread = _EngineThread()
@@ -204,10 +213,31 @@ def _stopped(engine: EngineTracer) -> None:
 
 def prepare_next_batch_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     start = monotonic_ns()
+    _thread.cached_tokens = 0
     ready = wrapped(*args, **kwargs)
     if _thread.engine is not None:
         _scheduled(instance, bool(ready), start, monotonic_ns())
     return ready
+
+
+def prefix_match_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    matched = wrapped(*args, **kwargs)
+    if _thread.engine is not None:
+        _prefix_matched(args[0] if args else kwargs.get("request_id"), matched)
+    return matched
+
+
+@guarded("transformers.cb.prefix_match")
+def _prefix_matched(request_id: Any, matched: Any) -> None:
+    # A match moves the request into the batch being prepared; no match (0) may be retried on a
+    # later step, so a miss is recorded when the request's first prefill is scheduled (_scheduled).
+    if not isinstance(matched, int) or matched <= 0:
+        return
+    engine = _thread.engine
+    handle = engine.tracker._open.get(request_id) if engine is not None else None
+    if handle is not None:
+        handle.prompt_cached(matched)
+        _thread.cached_tokens += matched
 
 
 @guarded("transformers.cb.schedule")
@@ -224,19 +254,23 @@ def _scheduled(processor: Any, ready: bool, start_ns: int, end_ns: int) -> None:
     step.start_ns = start_ns
     step.add_phase("schedule", start_ns, end_ns)
     known = engine.tracker._open
+    sharing = bool(getattr(getattr(processor, "cache", None), "use_prefix_sharing", False))
     ids, prefill, decode = [], 0, 0
     for future in futures:
         state = future.state
-        if state.request_id in known:
+        handle = known.get(state.request_id)
+        if handle is not None:
             ids.append(state.request_id)
         if state.generated_tokens:  # it has output: this step decodes its next token
             decode += int(future.query_length)
         else:  # (chunked) prefill, also of a soft-reset request re-reading its output as prompt
             prefill += int(future.query_length)
+            if sharing and handle is not None and handle.prompt_cache is None:
+                handle.prompt_cached(0)  # scheduled without a prefix match: a miss
     scheduler = processor.scheduler
     step.batch(ids, prefill_tokens=prefill, decode_tokens=decode,
                waiting=len(scheduler.waiting_requests), running=len(scheduler.active_requests),
-               kv_cache_usage=_kv_cache_usage(processor))
+               kv_cache_usage=_kv_cache_usage(processor), cached_tokens=_thread.cached_tokens)
     _thread.step = step
 
 

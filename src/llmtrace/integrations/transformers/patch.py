@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import sys
-import threading
 import weakref
-from collections.abc import Callable
 from typing import Any
-
-import wrapt
 
 from llmtrace._safety import guarded, warn_once
 from llmtrace.integrations import _common
@@ -49,8 +44,6 @@ def _post_init_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwarg
 
 
 _models: weakref.WeakSet[Any] = weakref.WeakSet()
-_registered: set[str] = set()
-_registered_lock = threading.Lock()
 
 
 def _submit_in_context(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -65,45 +58,15 @@ class TransformersInstrumentor(Instrumentor):
     distribution = _constants.DISTRIBUTION
     supported = _constants.SUPPORTED
 
-    def _targets(self) -> dict[str, Callable[[], None]]:
-        return {
+    def _patch(self) -> None:
+        self.patch_on_import({
             _constants.TOKENIZER_MODULE: self._patch_tokenizers,
             _constants.MODELING_MODULE: self._patch_modeling,
             _constants.GENERATION_MODULE: self._patch_generation,
             _constants.STREAMERS_MODULE: self._patch_streamers,
             continuous.API_MODULE: self._patch_continuous_batching,
             _constants.SERVING_MODULE: self._patch_serving,
-        }
-
-    def _patch(self) -> None:
-        self._wanted = True
-        self._done: set[str] = set()
-        for module, patch in self._targets().items():
-            if module in sys.modules:
-                self._apply(module, patch)
-            with _registered_lock:
-                if module in _registered:
-                    continue
-                _registered.add(module)
-            wrapt.register_post_import_hook(self._on_import(module), module)
-
-    def _on_import(self, module: str) -> Callable[[Any], None]:
-        def hook(_: Any) -> None:
-            from llmtrace import _registry
-
-            current = _registry.instrumentor(self.name)
-            target = current if isinstance(current, TransformersInstrumentor) else self
-            if getattr(target, "_wanted", False):
-                target._apply(module, target._targets()[module])
-
-        return hook
-
-    @guarded("transformers.patch")
-    def _apply(self, module: str, patch: Callable[[], None]) -> None:
-        if module in self._done:
-            return
-        self._done.add(module)
-        patch()
+        })
 
     def _patch_tokenizers(self) -> None:
         for path, text_param in _constants.ENCODE_METHODS:
@@ -134,12 +97,13 @@ class TransformersInstrumentor(Instrumentor):
         if missing := self.patches.wrap_all(continuous.TARGETS):
             warn_once("transformers-cb-targets", "llmtrace: this transformers' continuous batching lacks %s; "
                       "not tracing it (requests through generate() still are)", ", ".join(missing))
+            return
+        # Prefix-sharing provenance is extra: a transformers without it is traced all the same.
+        self.patches.wrap(continuous.CACHE_MODULE, continuous.PREFIX_MATCH, continuous.prefix_match_wrapper)
 
     def _unpatch(self) -> None:
         from llmtrace.integrations.torch import patch as torch_patch
 
-        self._wanted = False
-        self._done = set()
         for model in list(_models):
             torch_patch.unhook_model(model)
         _models.clear()

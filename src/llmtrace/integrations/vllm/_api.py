@@ -126,6 +126,13 @@ def _arrival_ns(request: Any, now: int, render: tuple[int, int] | None) -> int:
     return now
 
 
+def _request_attributes(params: X.RequestParams) -> dict[str, Any]:
+    attrs: dict[str, Any] = {semconv.GEN_AI_SYSTEM: "vllm"}
+    if params.lora is not None:
+        attrs[semconv.LLM_REQUEST_LORA] = params.lora
+    return attrs
+
+
 @guarded("vllm.api.add_request")
 def _open_api_request(request: Any) -> RequestHandle | None:
     params = X.request_params(request)
@@ -139,7 +146,7 @@ def _open_api_request(request: Any) -> RequestHandle | None:
         carrier = X.carrier_from(getattr(request, "trace_headers", None))
     handle = start_request(params.request_id, model=API.model, prompt_tokens=params.prompt_tokens,
                            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-                           stream=params.stream, carrier=carrier, attributes={semconv.GEN_AI_SYSTEM: "vllm"},
+                           stream=params.stream, carrier=carrier, attributes=_request_attributes(params),
                            arrival_ns=_arrival_ns(request, now, render))
     if render is not None:
         handle.tokenized(params.prompt_tokens or 0, render[0], render[1])

@@ -113,7 +113,7 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
     step.batch([rid for rid in info.request_ids if rid in state.handles], prefill_tokens=info.prefill_tokens,
                decode_tokens=info.decode_tokens, waiting=waiting, running=running,
                kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
-               preempted=len(info.preempted_ids))
+               preempted=len(info.preempted_ids), cached_tokens=info.cached_tokens)
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
@@ -157,6 +157,8 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         step.add_phase("forward", pending.forward_start_ns or pending.schedule_end_ns, start_ns)
         step.add_phase("postprocess", start_ns, end_ns)
     handles = state.handles
+    # Draft tokens per request, when speculative decoding runs (empty otherwise: one test per step).
+    drafts = getattr(pending.output, "scheduled_spec_decode_tokens", None) if pending is not None else None
     for output in X.engine_outputs(result):
         # Per request per step: keep this loop free of helper calls on the common (decode) path.
         handle = handles.get(output.request_id)
@@ -166,6 +168,11 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         first = not handle.token_ns
         if token_ids:
             handle.token(len(token_ids), start_ns)
+            if first:
+                _first_output(handle, output)
+            if drafts and (proposed := drafts.get(output.request_id)):
+                # vLLM's own accounting: every accepted draft token plus one bonus token come back.
+                handle.speculated(len(proposed), max(0, len(token_ids) - 1))
         if output.finish_reason is None:
             if first and token_ids:
                 # Queue and prefill are known at the first token: send them now, so that a request
@@ -179,6 +186,13 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
     if not scheduler.has_requests():
         # The engine goes idle: close the window now, or its steps would wait for the next request.
         state.tracer.flush_window()
+
+
+def _first_output(handle: RequestHandle, output: Any) -> None:
+    """Once per request: where its prompt's KV came from (vLLM's PrefillStats ride on the first output)."""
+    cache = X.prefill_cache(getattr(output, "prefill_stats", None))
+    if cache is not None:
+        handle.prompt_cached(*cache)
 
 
 def _engine_finished_output(state: _EngineState, output: Any) -> None:

@@ -24,7 +24,8 @@ _OUTPUT_KIND_DELTA = 1
 #: Summary keys (and their types) accepted from another process; anything else is dropped.
 _SUMMARY_FIELDS: dict[str, type] = {"queue_s": float, "prefill_s": float, "decode_s": float,
                                     "decode_stall_s": float, "preemptions": int, "first_step": int,
-                                    "last_step": int, "decode_steps": int}
+                                    "last_step": int, "decode_steps": int, "cached_tokens": int,
+                                    "transferred_tokens": int, "draft_tokens": int, "accepted_tokens": int}
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class RequestParams:
     temperature: float | None
     top_p: float | None
     stream: bool | None
+    lora: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class BatchInfo:
     decode_tokens: int
     preempted_ids: tuple[str, ...]
     total_tokens: int
+    cached_tokens: int = 0  # prompt tokens of the newly admitted requests the prefix cache served
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,26 @@ def request_params(request: Any) -> RequestParams:
         temperature=_number(getattr(sampling, "temperature", None), float),
         top_p=_number(getattr(sampling, "top_p", None), float),
         stream=None if kind is None else kind == _OUTPUT_KIND_DELTA,
+        lora=lora_name(getattr(request, "lora_request", None)),
     )
+
+
+def lora_name(lora_request: Any) -> str | None:
+    """The adapter's name from a ``LoRARequest`` (None for the base model)."""
+    name = getattr(lora_request, "lora_name", None) if lora_request is not None else None
+    return name if isinstance(name, str) and name else None
+
+
+def prefill_cache(prefill_stats: Any) -> tuple[int, int] | None:
+    """(prefix-cache hits, KV-transfer tokens) from the ``PrefillStats`` vLLM puts on a
+    request's first ``EngineCoreOutput``; None when absent or malformed."""
+    if prefill_stats is None:
+        return None
+    local = _number(getattr(prefill_stats, "num_local_cached_tokens", None), int)
+    external = _number(getattr(prefill_stats, "num_external_cached_tokens", None), int)
+    if local is None or local < 0:
+        return None
+    return local, external if external is not None and external >= 0 else 0
 
 
 def model_name(vllm_config: Any) -> str | None:
@@ -122,12 +144,13 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
     # Called once per engine step: a tight loop over the batch, no per-request helper calls.
     scheduled: Mapping[str, int] = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
     new_reqs = getattr(scheduler_output, "scheduled_new_reqs", None) or ()
-    prefill = 0
+    prefill = cached_tokens = 0
     new_ids: set[str] = set()
     for new in new_reqs:
         new_id: str = getattr(new, "req_id", "")
         new_ids.add(new_id)
         prefill += int(scheduled.get(new_id, 0))
+        cached_tokens += getattr(new, "num_computed_tokens", 0) or 0
     cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
     decode = 0
     for request_id, done in zip(getattr(cached, "req_ids", None) or (),
@@ -145,7 +168,7 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
     preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
     total = _number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
     return BatchInfo(tuple(scheduled), prefill, decode, tuple(sorted(preempted)),
-                     total if total is not None else prefill + decode)
+                     total if total is not None else prefill + decode, cached_tokens)
 
 
 def kv_cache_usage(value: Any) -> float | None:
@@ -236,7 +259,7 @@ def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | 
 
 
 #: What an engine knows at a request's first token.
-_FIRST_TOKEN_FIELDS = ("queue_s", "prefill_s", "preemptions", "first_step")
+_FIRST_TOKEN_FIELDS = ("queue_s", "prefill_s", "preemptions", "first_step", "cached_tokens", "transferred_tokens")
 
 
 def first_token_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -273,7 +296,7 @@ def rendered_token_lists(result: Any) -> list[Any]:
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparseable."""
+    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparsable."""
     if not version:
         return None
     parts: list[int] = []

@@ -13,7 +13,6 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import wrapt
 
@@ -94,7 +93,7 @@ class VllmInstrumentor(Instrumentor):
         super().__init__()
         self.problems: list[str] = []
 
-    def instrument(self, **options: Any) -> None:
+    def instrument(self) -> None:
         """Check the installed vLLM first: an unsupported version or any changed target -> off."""
         if self.active:
             return
@@ -106,7 +105,7 @@ class VllmInstrumentor(Instrumentor):
             warn_once("vllm:off", "llmtrace: vLLM adapter is OFF for vllm %s (supported %s): %s",
                       self.installed_version(), C.SUPPORTED, "; ".join(self.problems))
             return
-        super().instrument(**options)
+        super().instrument()
 
     def preflight(self) -> list[str]:
         version = self.installed_version()

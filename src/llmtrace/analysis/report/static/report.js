@@ -168,30 +168,52 @@
     });
   }
 
-  function scatter(id, idx, label) {
-    const c = document.getElementById(id);
-    const pts = ((data.views && data.views.scatter) || []).filter(p => p[idx] !== null && p[0] > 0);
-    if (!pts.length) { empty(c, "No requests with input length and " + label + "."); return; }
+  // One scatter plot: pts are [x, y, highlighted?]; fmtX/fmtY label the ticks and tooltips.
+  function scatterPlot(c, id, pts, xLabel, yLabel, fmtX, xmax) {
     const W = 640, H = 320, l = 60, b = 36, t = 10, r = 10;
     const s = el("svg", { id: id + "-svg", width: W, height: H }, c);
-    const xmax = Math.max(...pts.map(p => p[0])), ymax = Math.max(...pts.map(p => p[idx]));
+    const ymax = Math.max(...pts.map(p => p[1]));
     const x = v => l + (v / xmax) * (W - l - r), y = v => H - b - (v / ymax) * (H - b - t);
     const axis = el("g", { class: "axis" }, s);
     for (const v of niceTicks(xmax, 6)) {
       el("line", { x1: x(v), x2: x(v), y1: t, y2: H - b, class: "grid" }, axis);
-      el("text", { x: x(v), y: H - b + 14, "text-anchor": "middle" }, axis, String(Math.round(v)));
+      el("text", { x: x(v), y: H - b + 14, "text-anchor": "middle" }, axis, fmtX(v));
     }
     for (const v of niceTicks(ymax, 5)) {
       el("line", { x1: l, x2: W - r, y1: y(v), y2: y(v), class: "grid" }, axis);
       el("text", { x: l - 4, y: y(v) + 4, "text-anchor": "end" }, axis, fmtS(v));
     }
-    el("text", { x: (W + l) / 2, y: H - 4, "text-anchor": "middle" }, s, "input tokens");
-    el("text", { x: 12, y: t + 10 }, s, label);
+    el("text", { x: (W + l) / 2, y: H - 4, "text-anchor": "middle" }, s, xLabel);
+    el("text", { x: 12, y: t + 10 }, s, yLabel);
     for (const p of pts) {
-      tip(el("circle", { cx: x(p[0]), cy: y(p[idx]), r: p[3] ? 3.5 : 2.2,
-        fill: p[3] ? "var(--idle-work)" : "var(--fwd)", opacity: p[3] ? 0.95 : 0.55, class: "pt" }, s),
-        p[0] + " tokens → " + fmtS(p[idx]));
+      tip(el("circle", { cx: x(p[0]), cy: y(p[1]), r: p[2] ? 3.5 : 2.2,
+        fill: p[2] ? "var(--idle-work)" : "var(--fwd)", opacity: p[2] ? 0.95 : 0.55, class: "pt" }, s),
+        fmtX(p[0]) + " → " + fmtS(p[1]));
     }
+  }
+
+  function scatter(id, idx, label) {
+    const c = document.getElementById(id);
+    const pts = ((data.views && data.views.scatter) || []).filter(p => p[idx] !== null && p[0] > 0)
+      .map(p => [p[0], p[idx], p[3]]);
+    if (!pts.length) { empty(c, "No requests with input length and " + label + "."); return; }
+    scatterPlot(c, id, pts, "input tokens", label, v => String(Math.round(v)), Math.max(...pts.map(p => p[0])));
+  }
+
+  function prefixCache() {
+    const c = document.getElementById("prefix-cache");
+    const pc = data.prefix_cache;
+    const pts = ((data.views && data.views.ttft_vs_cached) || []).map(p => [p[0], p[1], false]);
+    if (!pc || !pts.length) {
+      empty(c, "No prompt provenance in these traces (llm.prompt_tokens.* on llm.request: vLLM and the " +
+        "reference server report it).");
+      return;
+    }
+    h("p", { class: "sub" }, c, "Prefix-cache hit ratio " + pct(pc.hit_ratio) + " of prompt tokens over " +
+      pc.requests + " requests; TTFT p50 " + fmtS(pc.ttft_p50_s.hit) + " for hits, " +
+      fmtS(pc.ttft_p50_s.miss) + " for misses.");
+    scatterPlot(c, "scatter-cached", pts, "share of the prompt served from the prefix cache",
+      "time to first token", v => pct(v), 1);
   }
 
   function flame() {
@@ -267,6 +289,7 @@
 
   cards(); bottleneck(); timeline(); gpuIdle(); breakdown();
   scatter("scatter-ttft", 1, "time to first token"); scatter("scatter-e2e", 2, "end-to-end latency");
+  prefixCache();
   flame(); criticalTable(); anomalies(); warnings();
   document.body.setAttribute("data-rendered", "1");
 })();

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.stack.binaries import REPO_ROOT, StackError, build_gateway_collector, build_jaeger
+from scripts.otel_stack.binaries import REPO_ROOT, StackError, build_gateway_collector, build_jaeger
 
 COLLECTOR_CONFIG = REPO_ROOT / "collector" / "otel-collector.yaml"
 JAEGER_CONFIG = REPO_ROOT / "collector" / "jaeger.yaml"

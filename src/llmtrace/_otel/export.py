@@ -26,8 +26,8 @@ from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult,
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from llmtrace._gil import GilYield
-from llmtrace._otlp_json import encode_spans
+from llmtrace._otel.gil import GilYield
+from llmtrace._otel.otlp_json import encode_spans
 from llmtrace._safety import warn_once
 
 log = logging.getLogger("llmtrace")

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, cast
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
-from llmtrace._histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
-from llmtrace.lifecycle.phases import compute_phases
+from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
+from llmtrace.lifecycle.phases import compute_phases, prompt_cache_of
 from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
-    from llmtrace._export import ExportStats
+    from llmtrace._otel.export import ExportStats
     from llmtrace.lifecycle.engine import StepRecord
     from llmtrace.lifecycle.request import RequestHandle
 
@@ -38,7 +38,7 @@ class ServingMetrics:
     """The instruments of one process; one instance per ``instrument()``.
 
     The histograms are llmtrace's aggregated ones where it owns the MeterProvider (a list append
-    per measurement, folded at export: :mod:`llmtrace._histogram`), SDK instruments otherwise."""
+    per measurement, folded at export: :mod:`llmtrace._otel.histogram`), SDK instruments otherwise."""
 
     def __init__(self, meter: Meter, drops: ExportStats | None = None,
                  histograms: HistogramRegistry | None = None) -> None:
@@ -54,6 +54,9 @@ class ServingMetrics:
                            semconv.REQUEST_DURATION_BUCKETS)
         self._batch = make(semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
                            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
+        self._prompt_tokens = meter.create_counter(
+            semconv.METRIC_PROMPT_TOKENS, unit="{token}",
+            description="Prompt tokens by where their KV came from: computed, prefix cache, KV transfer")
         self._errors = meter.create_counter(semconv.METRIC_INSTRUMENTATION_ERRORS, unit="{error}",
                                             description="Internal llmtrace errors (swallowed)")
         self._drops = drops
@@ -88,7 +91,19 @@ class ServingMetrics:
             queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
         if queue_s is not None:
             self._queue.record((queue_s, key))
+        if rec.prompt_tokens is not None and (cache := prompt_cache_of(rec)) is not None:
+            self._record_provenance(rec.prompt_tokens, cache, model)
         self._fold_if_full()
+
+    def _record_provenance(self, prompt_tokens: int, cache: tuple[int, int], model: Any) -> None:
+        cached, transferred = cache
+        computed = max(0, prompt_tokens - cached - transferred)
+        for source, count in (("computed", computed), ("cached", cached), ("transferred", transferred)):
+            if count:
+                attrs = {semconv.LLM_PROMPT_TOKEN_SOURCE: source}
+                if model is not None:
+                    attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+                self._prompt_tokens.add(count, attrs)
 
     def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
         key = (None, None, None, None, engine_id)

@@ -37,7 +37,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from llmtrace import semconv
-from llmtrace._export import (
+from llmtrace._otel.export import (
     BoundedSpanProcessor,
     ExportStats,
     JsonLinesMetricExporter,
@@ -46,7 +46,7 @@ from llmtrace._export import (
     OtlpHttpJsonSpanExporter,
     open_sink,
 )
-from llmtrace._histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
+from llmtrace._otel.histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
 from llmtrace._version import __version__
 from llmtrace.config import Settings
 

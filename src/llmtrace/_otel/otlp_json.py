@@ -134,7 +134,7 @@ def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None
     """An ``ExportTraceServiceRequest`` for *spans*, grouped by resource and scope, as one JSON line.
 
     *pause*, when given, is called between spans (an export thread passes
-    :meth:`llmtrace._gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
+    :meth:`llmtrace._otel.gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
     the GIL for tens of milliseconds)."""
     resources: dict[int, tuple[Any, dict[tuple[str, str | None], list[str]]]] = {}
     for span in spans:
