@@ -1,6 +1,6 @@
 """deploy/prometheus/alerts.yml: generated from the SLO `llmtrace load --slo` takes, querying only
 series llmtrace and the collector export, and unit-tested with a real promtool (built from the
-Go module proxy and cached, like Jaeger: tests/stack/binaries.py)."""
+Go module proxy and cached, like Jaeger: scripts/otel_stack/binaries.py)."""
 
 from __future__ import annotations
 

@@ -78,7 +78,9 @@ def test_the_client_span_is_the_parent_of_the_server_span(traced_run: Path) -> N
         assert (SpanKind.SERVER, client.trace_id) == (server.kind, server.trace_id)
         request = [s for s in spans if s.parent_id == server.span_id and s.name == semconv.SPAN_REQUEST]
         assert 1 == len(request)
-        assert client.start_ns <= server.start_ns and server.end_ns <= client.end_ns + 5_000_000
+        # Causal order only (the server's span may end after the client read the last byte):
+        # the client sent before the server received, and the server received before the client ended.
+        assert client.start_ns <= server.start_ns <= client.end_ns
         assert by_id[server.parent_id or ""] is client
 
 
