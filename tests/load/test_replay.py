@@ -138,3 +138,19 @@ def test_llmtrace_trace_files_replay_request_starts_and_token_counts() -> None:
     assert 0.0 == planned[0].at_s
     assert all(a.at_s <= b.at_s for a, b in itertools.pairwise(planned))
     assert all(p.input_tokens > 0 and p.output_tokens > 0 for p in planned)
+
+
+def test_azure_2024_timestamps_with_a_utc_offset_are_read(tmp_path: Path) -> None:
+    """The 2024 release writes ``2024-05-10 00:00:00.009930+00:00``: six digits and an offset."""
+    path = tmp_path / "azure2024.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.009930+00:00,100,10\n"
+                    "2024-05-10 00:00:01.509930+00:00,200,20\n2024-05-10 02:00:02+02:00,300,30\n")
+    planned = load_replay(str(path), "auto", 1.0)
+    assert [0.0, 1.5, 1.99007] == pytest.approx([p.at_s for p in planned])
+    assert [100, 200, 300] == [p.input_tokens for p in planned]
+
+
+def test_mooncake_fractional_millisecond_timestamps_are_kept(tmp_path: Path) -> None:
+    path = _write_mooncake(tmp_path / "t.jsonl", [{"timestamp": 10.5, "input_length": 4, "output_length": 1},
+                                                  {"timestamp": 11.25, "input_length": 4, "output_length": 1}])
+    assert [0.0, 0.00075] == pytest.approx([p.at_s for p in load_replay(path, "auto", 1.0)])

@@ -2,11 +2,12 @@
 coordinated omission, closed loop, chaos, both endpoints' wire formats.
 
 Runs in this process with tracing off (one global TracerProvider per process: the traced
-runs are in test_traces.py, in subprocesses)."""
+runs are in test_cli.py and test_reference_server.py, in subprocesses)."""
 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 
 from llmtrace.load.arrivals import Lengths, make_steps, plan_open_loop
 from llmtrace.load.client import Target
+from llmtrace.load.live import Tally
 from llmtrace.load.model import Chaos, Outcome, PlannedRequest, Step
 from llmtrace.load.runner import LoadSpec, run_load
 from tests.helpers.servers import uvicorn_server
@@ -133,3 +135,24 @@ def test_worker_processes_share_one_schedule(sse_server: tuple[str, Any]) -> Non
     arrivals = sorted(r.at for r in app.state.log if any(w.isdigit() for w in r.prompt.split()))
     assert 20 == len(arrivals)
     assert arrivals[-1] - arrivals[0] == pytest.approx(0.95, abs=0.15)
+
+
+def test_the_live_line_is_redrawn_while_a_stalled_server_holds_every_request(
+        sse_server: tuple[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Progress is drawn on a timer, not on sends: three requests held 2 s by the server show as
+    in flight in several frames, and the last frame counts them done."""
+    url, app = sse_server
+    app.state.stall_at, app.state.stall_s = 3 + 1, 2.0  # after the preflight's 3 requests
+    planned = [PlannedRequest(at_s=0.01 * i, input_tokens=8, output_tokens=2) for i in range(3)]
+    run_load(_spec(url, planned), live=True)
+    frames = [f for f in capsys.readouterr().err.split("\r\033[K") if f.strip()]
+    assert len([f for f in frames if "sent 3, in flight 3 | ok 0" in f]) >= 2, frames
+    assert re.search(r"sent 3, in flight 0 \| ok 3, errors 0, chaos 0 \| ttft p50 \d+ ms", frames[-1]), frames
+
+
+def test_worker_progress_snapshots_merge_into_one_tally() -> None:
+    """--processes: the parent's line sums the workers' counts; its TTFT is their medians'."""
+    a, b = Tally(sent=5, done=4, ok=3, errors=1, recent_ttft=[0.1, 0.3, 0.2]), Tally(sent=2, done=2, chaos=2)
+    merged = Tally.merged([a.snapshot(), b.snapshot()])
+    assert (7, 6, 3, 1, 2, [0.2]) == (merged.sent, merged.done, merged.ok, merged.errors, merged.chaos,
+                                      merged.recent_ttft)

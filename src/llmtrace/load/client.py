@@ -149,13 +149,13 @@ class Client:
 
     async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
                    offered_qps: float | None = None, concurrency: int | None = None) -> RequestResult:
-        """Send *planned* (intended at ``intended``, a ``perf_counter`` time) and measure it."""
+        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it."""
         assert self.session is not None, "use the client as an async context manager"
         stream = self.target.stream or planned.chaos in (Chaos.DISCONNECT, Chaos.SLOW_READER)
         prompt = self.prompts.prompt(index, planned.input_tokens, planned.prefix_blocks)
         data = self._payload(prompt, planned, stream)
         span, headers, start_ns = self.spans.begin()
-        sent = time.perf_counter()
+        sent = time.monotonic()
         reading = _Reading()
         gaps: list[float] = []
         status: int | None = None
@@ -181,7 +181,7 @@ class Client:
             outcome, error = Outcome.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001 - whatever else broke the exchange is this request's result
             outcome, error = Outcome.PROTOCOL_ERROR, f"{type(exc).__name__}: {exc}"
-        ended = time.perf_counter()
+        ended = time.monotonic()
         if planned.chaos is not None and outcome is not Outcome.CANCELLED:
             outcome = Outcome.CHAOS  # whatever the server did, this was the chaos client's doing
         result = self._result(index, planned, intended, sent, ended, reading, gaps, outcome, error, status)
@@ -212,7 +212,7 @@ class Client:
             if payload == b"[DONE]":
                 done = True
                 break
-            now = time.perf_counter()
+            now = time.monotonic()
             try:
                 obj = json.loads(payload)
             except ValueError:
@@ -240,7 +240,7 @@ class Client:
             raise ProtocolError("the answer is not a JSON object: not an OpenAI completion")
         text = _final_text(obj)
         reading.usage(obj)
-        now = time.perf_counter()
+        now = time.monotonic()
         reading.first_s = reading.last_s = now
         reading.chunks = 1 if text else 0
 

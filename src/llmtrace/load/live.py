@@ -1,9 +1,12 @@
-"""The live progress line while a load runs (stderr, only on a terminal)."""
+"""The live progress line while a load runs (stderr, only on a terminal), redrawn every
+:data:`REDRAW_S` by the driver's ticker (with ``--processes``, by the parent from the workers'
+shared counts)."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -15,7 +18,7 @@ REDRAW_S = 0.5
 
 @dataclass
 class Tally:
-    """Counts kept as results arrive (also read by the self-check)."""
+    """Counts kept as results arrive."""
 
     sent: int = 0
     done: int = 0
@@ -36,6 +39,21 @@ class Tally:
         elif result.outcome is not Outcome.CANCELLED:
             self.errors += 1
 
+    def snapshot(self) -> tuple[float, ...]:
+        """What a worker process shares with the parent (:data:`SNAPSHOT_FIELDS` numbers): the
+        counts and the median of its recent TTFTs (0: none yet)."""
+        ttfts = sorted(self.recent_ttft)
+        return (self.sent, self.done, self.ok, self.errors, self.chaos, ttfts[len(ttfts) // 2] if ttfts else 0.0)
+
+    @classmethod
+    def merged(cls, snapshots: list[tuple[float, ...]]) -> Tally:
+        """The workers' snapshots as one tally; its TTFTs are the workers' medians."""
+        sent, done, ok, errors, chaos = (int(sum(row[i] for row in snapshots)) for i in range(5))
+        return cls(sent, done, ok, errors, chaos, [row[5] for row in snapshots if row[5] > 0])
+
+
+SNAPSHOT_FIELDS = 6
+
 
 class LiveLine:
     """``step 3/7 qps=4 | sent 120, in flight 10 | ok 105, errors 2, chaos 3 | ttft p50 120 ms``"""
@@ -44,16 +62,15 @@ class LiveLine:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.steps = steps
-        self._last = 0.0
         self._drawn = False
 
-    def draw(self, tally: Tally, elapsed_s: float, force: bool = False) -> None:
+    def progress(self, start: float) -> Callable[[Tally], None]:
+        """A callback for the driver: draws *tally* at the time since *start* (``time.monotonic()``)."""
+        return lambda tally: self.draw(tally, time.monotonic() - start)
+
+    def draw(self, tally: Tally, elapsed_s: float) -> None:
         if not self.enabled:
             return
-        now = time.monotonic()
-        if not force and now - self._last < REDRAW_S:
-            return
-        self._last = now
         step = next((s for s in reversed(self.steps) if s.start_s <= elapsed_s), None)
         where = f"step {step.index + 1}/{len(self.steps)} {step.label}" if step and len(self.steps) > 1 else (
             step.label if step else "")

@@ -8,8 +8,8 @@ No prompt text is read from any of them; prompts are synthesised to the lengths.
   ``input_length``, ``output_length`` and optional ``hash_ids``; requests that share a hash id
   share that prompt block (:data:`MOONCAKE_BLOCK_TOKENS` tokens), so a prefix cache sees the
   reuse the trace had.
-* **Azure LLM inference CSV**: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with timestamps like
-  ``2023-11-16 18:15:46.6805900``.
+* **Azure LLM inference CSV** (2023 and 2024 releases): ``TIMESTAMP,ContextTokens,GeneratedTokens``
+  with timestamps like ``2023-11-16 18:15:46.6805900`` or ``2024-05-10 00:00:00.009930+00:00``.
 
 Times are made relative to the first request and divided by ``speed`` (``--speed 2`` replays
 twice as fast).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
@@ -71,10 +72,14 @@ def load_replay(path: str, fmt: str = "auto", speed: float = 1.0) -> list[Planne
 _Row = tuple[float, int, int, tuple[int, ...]]
 
 
-def _count(value: object, what: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+def _number(value: object, what: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
         raise ReplayError(f"{where}: {what} must be a non-negative number, got {value!r}")
-    return int(value)
+    return float(value)
+
+
+def _count(value: object, what: str, where: str) -> int:
+    return int(_number(value, what, where))
 
 
 def read_mooncake(path: str) -> list[_Row]:
@@ -94,21 +99,26 @@ def read_mooncake(path: str) -> list[_Row]:
         hash_ids = obj.get("hash_ids") or []
         if not isinstance(hash_ids, list) or not all(isinstance(h, int) for h in hash_ids):
             raise ReplayError(f"{where}: hash_ids must be a list of integers")
-        at_ms = _count(obj["timestamp"], "timestamp", where)
+        at_ms = _number(obj["timestamp"], "timestamp", where)
         rows.append((at_ms / 1000.0, _count(obj["input_length"], "input_length", where),
                      _count(obj["output_length"], "output_length", where), tuple(hash_ids)))
     return rows
 
 
+#: ``2023-11-16 18:15:46.6805900`` (2023 trace), ``2024-05-10 00:00:00.009930+00:00`` (2024):
+#: more fractional digits (.NET ticks) than datetime parses, and an optional UTC offset.
+_AZURE_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:?\d\d)?")
+
+
 def _azure_time(text: str, where: str) -> float:
-    # Seven fractional digits (.NET ticks) are more than datetime parses: keep microseconds.
-    main, _, fraction = text.strip().partition(".")
+    found = _AZURE_TIME.fullmatch(text.strip())
+    if found is None:
+        raise ReplayError(f"{where}: TIMESTAMP {text!r} is not a date and time")
+    stamp, fraction, offset = found.groups()
     try:
-        base = datetime.fromisoformat(main)
+        base = datetime.fromisoformat(stamp + (offset or "+00:00").replace("Z", "+00:00"))
     except ValueError:
         raise ReplayError(f"{where}: TIMESTAMP {text!r} is not a date and time") from None
-    if fraction and not fraction.isdigit():
-        raise ReplayError(f"{where}: TIMESTAMP {text!r} is not a date and time")
     return base.timestamp() + (float("0." + fraction) if fraction else 0.0)
 
 

@@ -26,7 +26,7 @@ import aiohttp
 from llmtrace.errors import LLMTraceError
 from llmtrace.load.arrivals import CHAOS_CYCLE, Lengths, chaos_for
 from llmtrace.load.client import Client, ProtocolError, Target, probe, probe_stream
-from llmtrace.load.live import LiveLine, Tally
+from llmtrace.load.live import REDRAW_S, LiveLine, Tally
 from llmtrace.load.model import Chaos, PlannedRequest, RequestResult, RunResult, SelfCheck, Step
 from llmtrace.load.prompts import PROBE_WORDS, Calibration, PromptMaker, fit_calibration, words
 from llmtrace.load.telemetry import ClientSpans
@@ -124,7 +124,6 @@ class _Driver:
     start: float
     share: tuple[int, int]
     tally: Tally
-    live: LiveLine | None
     results: list[RequestResult]
 
     def _step(self, index: int) -> Step:
@@ -135,10 +134,6 @@ class _Driver:
             result = task.result()
             self.results.append(result)
             self.tally.add(result)
-
-    def _tick(self) -> None:
-        if self.live is not None:
-            self.live.draw(self.tally, time.monotonic() - self.start)
 
     async def open_loop(self, inflight: set[asyncio.Task[RequestResult]]) -> None:
         assert self.spec.planned is not None
@@ -155,7 +150,6 @@ class _Driver:
             task.add_done_callback(inflight.discard)
             task.add_done_callback(self._record)
             self.tally.sent += 1
-            self._tick()
 
     async def closed_loop(self, inflight: set[asyncio.Task[RequestResult]]) -> None:
         assert self.spec.lengths is not None
@@ -187,22 +181,24 @@ class _Driver:
             task.add_done_callback(inflight.discard)
             task.add_done_callback(self._record)
             self.tally.sent += 1
-            self._tick()
             await asyncio.wait({task})
 
 
 async def drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int], start: float,
-                 live: LiveLine | None) -> tuple[list[RequestResult], str | None]:
-    """Send this process's share; returns its results and why it stopped early (None: it did not)."""
+                progress: Callable[[Tally], None] | None = None) -> tuple[list[RequestResult], str | None]:
+    """Send this process's share; returns its results and why it stopped early (None: it did not).
+    *progress* is called with the running tally every :data:`~llmtrace.load.live.REDRAW_S`, also
+    while nothing is sent (a stalled server, the drain at the end), and once more at the end."""
     results: list[RequestResult] = []
     tally = Tally()
     interrupted: str | None = None
     inflight: set[asyncio.Task[RequestResult]] = set()
     prompts = PromptMaker(calibration, seed=spec.seed)
     loop = asyncio.get_running_loop()
+    ticker = asyncio.create_task(_tick(progress, tally)) if progress is not None else None
     async with Client(spec.target, prompts, ClientSpans(spec.traces), max_connections=spec.max_connections,
                       run_id=spec.run_id, profile=spec.profile) as client:
-        driver = _Driver(spec, client, start, share, tally, live, results)
+        driver = _Driver(spec, client, start, share, tally, results)
         main = asyncio.create_task(driver.closed_loop(inflight) if spec.closed_loop else driver.open_loop(inflight))
 
         def on_interrupt() -> None:
@@ -228,11 +224,17 @@ async def drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int]
                 task.cancel()
             if late:
                 await asyncio.wait(late)
-    if live is not None:
-        live.draw(tally, time.monotonic() - start, force=True)
-        live.close()
+    if ticker is not None and progress is not None:
+        ticker.cancel()
+        progress(tally)
     results.sort(key=lambda r: r.index)
     return results, interrupted
+
+
+async def _tick(progress: Callable[[Tally], None], tally: Tally) -> None:
+    while True:
+        progress(tally)
+        await asyncio.sleep(REDRAW_S)
 
 
 def _on_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> bool:
@@ -277,19 +279,24 @@ def run_load(spec: LoadSpec, *, live: bool | None = None,
     if on_preflight is not None:
         on_preflight(target, calibration)
     cpu0, wall0 = time.process_time(), time.monotonic()
+    line = LiveLine(spec.steps, enabled=live)
     if spec.processes == 1 and not own_process:
         export = start_export(spec)
+        start = time.monotonic() + START_DELAY_S
         try:
-            line = LiveLine(spec.steps, enabled=live)
-            results, interrupted = asyncio.run(drive(spec, calibration, (0, 1), time.monotonic() + START_DELAY_S,
-                                                      line))
+            results, interrupted = asyncio.run(drive(spec, calibration, (0, 1), start,
+                                                     line.progress(start) if line.enabled else None))
         finally:
+            line.close()
             stop_export(export)
         worker_cpu = 0.0
     else:
         from llmtrace.load.workers import run_processes
 
-        results, interrupted, worker_cpu = run_processes(spec, calibration)
+        try:
+            results, interrupted, worker_cpu = run_processes(spec, calibration, line)
+        finally:
+            line.close()
     wall = time.monotonic() - wall0
     cpu = time.process_time() - cpu0 + worker_cpu
     return RunResult(url=target.base_url, endpoint=target.path, profile=spec.profile, steps=spec.steps,
