@@ -12,6 +12,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,8 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The reference server exporting to server.jsonl; two load steps through both endpoints'
-    default (completions), CLIENT spans to client.jsonl."""
+    """The reference server exporting to server.jsonl; two load steps on /v1/completions (CLIENT
+    spans to client.jsonl), then one on /v1/chat/completions (chat.jsonl)."""
     out = tmp_path_factory.mktemp("ref-load")
     port = free_port()
     log = out / "server.log"
@@ -57,6 +58,12 @@ def traced_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
              "--traces", str(out / "client.jsonl"), "--json", str(out / "load.json"), "-q"],
             cwd=out, env=_env(), capture_output=True, text=True, timeout=240, check=False)
         assert 0 == load.returncode, load.stderr
+        chat = subprocess.run(
+            [sys.executable, "-m", "llmtrace.cli", "load", f"http://127.0.0.1:{port}", "--endpoint", "chat",
+             "--qps", "3", "--duration", "2", "--input-tokens", "60", "--output-tokens", "8",
+             "--traces", str(out / "chat.jsonl"), "--json", str(out / "chat.json"), "-q"],
+            cwd=out, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+        assert 0 == chat.returncode, chat.stderr
     finally:
         server.send_signal(signal.SIGINT)  # uvicorn shuts down; the engine flushes its spans
         server.wait(60)
@@ -96,3 +103,42 @@ def test_analyze_reports_client_minus_server_ttft_per_request_and_per_step(trace
         assert row["ttft_delta_s"] == pytest.approx(row["client_ttft_s"] - row["server_ttft_s"], abs=1e-6)
     assert client["ttft_delta_s"]["p50"] > 0
     assert all(s["bottleneck"] is not None and s["breakdown"]["decode"] > 0 for s in client["steps"])
+
+
+def _joined(traced_run: Path, client_file: str) -> list[tuple[Any, Any]]:
+    """(CLIENT span, the llm.request span of the server request it caused) for every request."""
+    spans = list(load_spans(str(traced_run / client_file)).spans) + list(
+        load_spans(str(traced_run / "server.jsonl")).spans)
+    server_of = {s.parent_id: s for s in spans if s.kind == SpanKind.SERVER}
+    request_of = {s.parent_id: s for s in spans if s.name == semconv.SPAN_REQUEST}
+    return [(c, request_of[server_of[c.span_id].span_id]) for c in spans if c.kind == SpanKind.CLIENT]
+
+
+@pytest.mark.parametrize(("client_file", "operation"), [("client.jsonl", "text_completion"), ("chat.jsonl", "chat")])
+def test_both_endpoints_streams_are_read_as_the_server_sent_them(traced_run: Path, client_file: str,
+                                                                 operation: str) -> None:
+    """The reference server speaks the wire format of the official ``openai`` SDK's types
+    (tests/server/test_openai_api.py): on both endpoints the client's token counts are the ones
+    the server's llm.request recorded, and its TTFT and TPOT were measured from the stream."""
+    pairs = _joined(traced_run, client_file)
+    assert len(pairs) > 3
+    for client, request in pairs:
+        a = client.attributes
+        assert (operation, "ok", 200) == (a[semconv.GEN_AI_OPERATION_NAME], a[semconv.LLM_LOAD_OUTCOME],
+                                          a[semconv.HTTP_RESPONSE_STATUS_CODE])
+        for key in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS):
+            assert request.attributes[key] == a[key]
+        assert 0 < a[semconv.LLM_CLIENT_TTFT_S] <= (client.end_ns - client.start_ns) / 1e9
+        if a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 1:
+            assert a[semconv.LLM_CLIENT_TPOT_S] > 0
+
+
+@pytest.mark.parametrize("client_file", ["client.jsonl", "chat.jsonl"])
+def test_prompts_are_calibrated_to_the_servers_own_prompt_token_count(traced_run: Path, client_file: str) -> None:
+    """Synthetic prompts sized through the fit to usage.prompt_tokens (chat template included):
+    the server's tokenizer counts what was asked for, to within a word or two."""
+    pairs = _joined(traced_run, client_file)
+    errors = sorted(abs(c.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
+                        - c.attributes[semconv.LLM_LOAD_REQUESTED_INPUT_TOKENS])
+                    / c.attributes[semconv.LLM_LOAD_REQUESTED_INPUT_TOKENS] for c, _ in pairs)
+    assert errors[len(errors) // 2] <= 0.15, errors
