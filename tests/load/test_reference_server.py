@@ -126,8 +126,11 @@ def test_both_endpoints_streams_are_read_as_the_server_sent_them(traced_run: Pat
         a = client.attributes
         assert (operation, "ok", 200) == (a[semconv.GEN_AI_OPERATION_NAME], a[semconv.LLM_LOAD_OUTCOME],
                                           a[semconv.HTTP_RESPONSE_STATUS_CODE])
-        for key in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS):
+        for key in (semconv.GEN_AI_USAGE_INPUT_TOKENS, semconv.GEN_AI_USAGE_OUTPUT_TOKENS,
+                    semconv.GEN_AI_RESPONSE_FINISH_REASONS):
             assert request.attributes[key] == a[key]
+        assert "llmtrace-tiny-gpt2" == a[semconv.GEN_AI_RESPONSE_MODEL]
+        assert a[semconv.GEN_AI_RESPONSE_ID].endswith(request.attributes[semconv.GEN_AI_RESPONSE_ID])
         assert 0 < a[semconv.LLM_CLIENT_TTFT_S] <= (client.end_ns - client.start_ns) / 1e9
         if a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 1:
             assert a[semconv.LLM_CLIENT_TPOT_S] > 0

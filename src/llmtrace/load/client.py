@@ -82,6 +82,9 @@ class _Reading:
     chunks: int = 0
     usage_prompt: int | None = None
     usage_completion: int | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reason: str | None = None
 
     def text_arrived(self, now: float, gaps: list[float]) -> None:
         if self.last_s is not None:
@@ -91,7 +94,20 @@ class _Reading:
         self.last_s = now
         self.chunks += 1
 
+    def about(self, obj: dict[str, Any]) -> None:
+        """``id``, ``model`` (the first seen) and ``finish_reason`` (the last) of a chunk or answer."""
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
+        if self.response_model is None and isinstance(obj.get("model"), str):
+            self.response_model = obj["model"]
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            reason = choices[0].get("finish_reason")
+            if isinstance(reason, str):
+                self.finish_reason = reason
+
     def usage(self, obj: dict[str, Any]) -> None:
+        self.about(obj)
         usage = obj.get("usage")
         if isinstance(usage, dict):
             if isinstance(usage.get("prompt_tokens"), int):
@@ -257,7 +273,8 @@ class Client:
             index=index, step=planned.step, scheduled_s=planned.at_s, send_lag_s=sent - intended, outcome=outcome,
             input_tokens=planned.input_tokens, output_tokens=output, prompt_tokens=reading.usage_prompt,
             ttft_s=ttft, e2e_s=ended - intended, tpot_s=tpot, itl_s=tuple(gaps), status=status, error=error,
-            chaos=planned.chaos)
+            chaos=planned.chaos, response_id=reading.response_id, response_model=reading.response_model,
+            finish_reason=reading.finish_reason)
 
     def _info(self, planned: PlannedRequest, step_label: str, offered_qps: float | None, concurrency: int | None,
               stream: bool) -> RequestInfo:

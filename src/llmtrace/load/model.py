@@ -91,6 +91,10 @@ class RequestResult:
     error: str | None = None
     chaos: Chaos | None = None
     trace_id: str | None = None
+    #: What the answer said about itself: ``id``, ``model`` and the first choice's ``finish_reason``.
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reason: str | None = None
 
     @property
     def counts_as_server_error(self) -> bool:

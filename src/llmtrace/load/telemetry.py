@@ -1,4 +1,5 @@
-"""The CLIENT span of each load request, and the ``gen_ai.client.operation.duration`` metric.
+"""The CLIENT span of each load request, and the ``gen_ai.client.operation.duration`` and
+``gen_ai.client.token.usage`` metrics.
 
 The span starts when the request is sent, so its ``traceparent`` goes out with the request
 and the server's SERVER span becomes its child: one trace from the client's send to the
@@ -76,6 +77,7 @@ class ClientSpans:
         self.enabled = enabled
         self._tracer = trace.get_tracer("llmtrace.load")
         self._duration: Any = None
+        self._tokens: Any = None
         if enabled:
             from opentelemetry import metrics
 
@@ -84,6 +86,9 @@ class ClientSpans:
                 sc.METRIC_CLIENT_OPERATION_DURATION, unit="s",
                 description="GenAI operation duration seen by the load client",
                 explicit_bucket_boundaries_advisory=list(sc.REQUEST_DURATION_BUCKETS))
+            self._tokens = meter.create_histogram(
+                sc.METRIC_TOKEN_USAGE, unit="{token}", description="Tokens per request, as the server reported them",
+                explicit_bucket_boundaries_advisory=list(sc.TOKEN_USAGE_BUCKETS))
 
     def begin(self) -> tuple[Any, dict[str, str], int]:
         """(span context, headers carrying it, wall-clock start ns) at the moment of sending."""
@@ -112,6 +117,10 @@ class ClientSpans:
             if result.outcome is not Outcome.OK:
                 attrs[sc.ERROR_TYPE] = _error_type(result)
             self._duration.record((end_ns - start_ns) / 1e9, attrs)
+            if result.outcome is Outcome.OK:
+                for kind, count in (("input", result.prompt_tokens), ("output", result.output_tokens)):
+                    if count:
+                        self._tokens.record(count, {**attrs, sc.GEN_AI_TOKEN_TYPE: kind})
         return format(span.get_span_context().trace_id, "032x")
 
 
@@ -136,6 +145,8 @@ def _attributes(info: RequestInfo, r: RequestResult) -> dict[str, Any]:
         sc.HTTP_RESPONSE_STATUS_CODE: r.status, sc.GEN_AI_USAGE_INPUT_TOKENS: r.prompt_tokens,
         sc.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens if r.outcome is Outcome.OK else None,
         sc.LLM_CLIENT_TPOT_S: r.tpot_s, sc.LLM_LOAD_CHAOS: r.chaos.value if r.chaos else None,
+        sc.GEN_AI_RESPONSE_ID: r.response_id, sc.GEN_AI_RESPONSE_MODEL: r.response_model,
+        sc.GEN_AI_RESPONSE_FINISH_REASONS: [r.finish_reason] if r.finish_reason else None,
     }
     if r.ttft_s is not None:
         optional[sc.LLM_CLIENT_TTFT_S] = r.ttft_s - r.send_lag_s  # from the send, like the span
