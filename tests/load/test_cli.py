@@ -107,3 +107,26 @@ def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(sse_server: tu
     assert "interrupted (Ctrl-C)" == summary["interrupted"]
     assert 5 <= summary["overall"]["requests"] < 100
     assert "ended early: interrupted (Ctrl-C)" in stdout
+
+
+def test_a_server_that_goes_away_mid_run_leaves_a_report_of_every_request(tmp_path: Path) -> None:
+    """The server stops a second into a 3 s run: the requests sent after it are connection
+    errors, named in the report; nothing measured before is lost and the run still ends with
+    its report (exit 0)."""
+    app = build_app()
+    with uvicorn_server(app) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "llmtrace.cli", "load", url, "--qps", "10", "--duration", "3",
+                                 "--arrival", "constant", "--output-tokens", "2", "--json", "r.json", "--no-traces",
+                                 "-q"], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        deadline = time.monotonic() + 60
+        while len(app.state.log) < 3 + 8 and time.monotonic() < deadline:  # the preflight's 3, then 8 of ours
+            time.sleep(0.05)
+    _, stderr = proc.communicate(timeout=120)
+    assert 0 == proc.returncode, stderr
+    summary = json.loads((tmp_path / "r.json").read_text())
+    outcomes = summary["overall"]["outcomes"]
+    assert 30 == summary["overall"]["requests"] == sum(outcomes.values())
+    assert outcomes["ok"] >= 8 and outcomes["connection_error"] >= 5, outcomes
+    assert summary["overall"]["error_ratio"] > 0
+    assert summary["errors"] and "Client" in summary["errors"][0]["error"]
