@@ -1,7 +1,7 @@
 """Service-level objectives: one definition for ``--slo``, the load report and the Prometheus alerts.
 
 ``ttft=500ms,tpot=50ms,e2e=10s`` (units ``ms``/``s``, a bare number is seconds). The same
-text feeds ``llmtrace load --slo`` (goodput, capacity) and ``llmtrace load --alerts-out``
+text feeds ``llmtrace load --slo`` (goodput, capacity) and ``llmtrace load --slo … --alerts PATH``
 (deploy/prometheus/alerts.yml), so what the benchmark calls "meets the SLO" is what the
 alert fires on in production: the p99 of TTFT / TPOT / request duration over the SLO.
 """
