@@ -4,12 +4,12 @@ shared counts)."""
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from llmtrace._status_line import StatusLine
 from llmtrace.load.model import Outcome, RequestResult, Step
 
 #: Redraw period, seconds: often enough to watch, rare enough to cost nothing next to the load.
@@ -55,14 +55,12 @@ class Tally:
 SNAPSHOT_FIELDS = 6
 
 
-class LiveLine:
+class LiveLine(StatusLine):
     """``step 3/7 qps=4 | sent 120, in flight 10 | ok 105, errors 2, chaos 3 | ttft p50 120 ms``"""
 
     def __init__(self, steps: tuple[Step, ...], *, enabled: bool | None = None, stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        super().__init__(enabled=enabled, stream=stream)
         self.steps = steps
-        self._drawn = False
 
     def progress(self, start: float) -> Callable[[Tally], None]:
         """A callback for the driver: draws *tally* at the time since *start* (``time.monotonic()``)."""
@@ -76,14 +74,5 @@ class LiveLine:
             step.label if step else "")
         ttfts = sorted(tally.recent_ttft)
         ttft = f" | ttft p50 {ttfts[len(ttfts) // 2] * 1000:.0f} ms" if ttfts else ""
-        line = (f"{elapsed_s:6.1f}s {where} | sent {tally.sent}, in flight {tally.sent - tally.done} | "
-                f"ok {tally.ok}, errors {tally.errors}, chaos {tally.chaos}{ttft}")
-        self.stream.write("\r\033[K" + line)
-        self.stream.flush()
-        self._drawn = True
-
-    def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-            self._drawn = False
+        self.show(f"{elapsed_s:6.1f}s {where} | sent {tally.sent}, in flight {tally.sent - tally.done} | "
+                  f"ok {tally.ok}, errors {tally.errors}, chaos {tally.chaos}{ttft}")
