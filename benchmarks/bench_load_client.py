@@ -107,12 +107,27 @@ def _tokenizer_dir(tmp: Path) -> str:
     return str(tmp / "tokenizer")
 
 
+def _from_send(traces: Path) -> tuple[float, float]:
+    """(TTFT p50, e2e p50) in ms counted from the actual send, as vLLM's client counts them: the
+    CLIENT spans' ``llm.client.ttft_s`` and durations (the report counts from the intended send
+    time, so its figures also hold the client's own send lag)."""
+    from llmtrace import semconv
+    from llmtrace.analysis.sources import load_spans
+    from llmtrace.analysis.stats import percentile
+
+    spans = [s for s in load_spans(str(traces)).spans if s.kind.name == "CLIENT"]
+    ttft = sorted(float(v) for s in spans if (v := s.attributes.get(semconv.LLM_CLIENT_TTFT_S)) is not None)
+    e2e = sorted(s.duration_ns / 1e6 for s in spans)
+    return percentile(ttft, 50, presorted=True) * 1000, percentile(e2e, 50, presorted=True)
+
+
 def ours(url: str, rate: float, duration: float, out_tokens: int, tmp: Path, processes: int = 1,
          requests: int | None = None) -> dict[str, Any]:
     report = tmp / f"ours-{rate}-{processes}.json"
+    traces = tmp / f"ours-traces-{time.monotonic_ns()}.jsonl"
     args = [PY, "-m", "llmtrace.cli", "load", url, "--qps", f"{rate:g}", "--input-tokens", str(INPUT_TOKENS),
             "--output-tokens", str(out_tokens), "--lengths", "fixed", "--ignore-eos", "--processes", str(processes),
-            "--traces", str(tmp / "ours-traces.jsonl"), "--json", str(report), "-q"]
+            "--traces", str(traces), "--json", str(report), "-q"]
     args += ["--duration", f"{(requests / rate) if requests else duration:g}", "--arrival", "poisson"]
     subprocess.run(args, check=True, env={**os.environ, "LLMTRACE_QUIET": "1"}, timeout=900)
     summary = json.loads(report.read_text())
@@ -120,7 +135,9 @@ def ours(url: str, rate: float, duration: float, out_tokens: int, tmp: Path, pro
     return {"offered": rate, "sent": o["requests"], "achieved": o["achieved_qps"], "ok": o["ok"],
             "send_lag_p99_ms": summary["self_check"]["send_lag_p99_s"] * 1000,
             "cpu_share": summary["self_check"]["cpu_share"],
-            "ttft_p50_ms": (o["ttft_s"]["p50"] or 0) * 1000, "e2e_p50_ms": (o["e2e_s"]["p50"] or 0) * 1000}
+            "ttft_p50_ms": (o["ttft_s"]["p50"] or 0) * 1000, "e2e_p50_ms": (o["e2e_s"]["p50"] or 0) * 1000,
+            "send_lag_p50_ms": summary["self_check"]["send_lag_p50_s"] * 1000,
+            **dict(zip(("ttft_send_p50_ms", "e2e_send_p50_ms"), _from_send(traces), strict=True))}
 
 
 def vllm(url: str, rate: float, prompts: int, out_tokens: int, tokenizer: str, tmp: Path,
@@ -217,15 +234,47 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
             row = (ours(url, rate, 0, out, tmp, requests=n) if arm == "ours"
                    else vllm(url, rate, n, out, tokenizer, tmp, "llmtrace-tiny-gpt2"))
             rows.append((arm, row))
-            print(f"  {arm:<6} TTFT p50 {row['ttft_p50_ms']:7.1f} ms   e2e p50 {row['e2e_p50_ms']:7.1f} ms", flush=True)
-        for key in ("ttft_p50_ms", "e2e_p50_ms"):
-            ours_v = sorted(r[key] for a, r in rows if a == "ours")
-            vllm_v = sorted(r[key] for a, r in rows if a == "vllm")
-            mean_ours, mean_vllm = sum(ours_v) / len(ours_v), sum(vllm_v) / len(vllm_v)
-            print(f"  {key}: llmtrace {mean_ours:.1f}, vllm {mean_vllm:.1f}, ratio {mean_ours / mean_vllm:.3f}")
+            extra = (f"   from the send: TTFT p50 {row['ttft_send_p50_ms']:7.1f} ms, e2e p50 "
+                     f"{row['e2e_send_p50_ms']:7.1f} ms (send lag p50 {row['send_lag_p50_ms']:.1f} ms)"
+                     if arm == "ours" else "")
+            print(f"  {arm:<6} TTFT p50 {row['ttft_p50_ms']:7.1f} ms   e2e p50 {row['e2e_p50_ms']:7.1f} ms{extra}",
+                  flush=True)
+        vllm_rows = [r for a, r in rows if a == "vllm"]
+        ours_rows = [r for a, r in rows if a == "ours"]
+        for ours_key, vllm_key in (("ttft_p50_ms", "ttft_p50_ms"), ("e2e_p50_ms", "e2e_p50_ms"),
+                                   ("ttft_send_p50_ms", "ttft_p50_ms"), ("e2e_send_p50_ms", "e2e_p50_ms")):
+            mean_ours = sum(r[ours_key] for r in ours_rows) / len(ours_rows)
+            mean_vllm = sum(r[vllm_key] for r in vllm_rows) / len(vllm_rows)
+            print(f"  llmtrace {ours_key} {mean_ours:.1f} vs vllm {vllm_key} {mean_vllm:.1f}: "
+                  f"ratio {mean_ours / mean_vllm:.3f}")
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(60)
+    _server_side(tmp / "server.jsonl")
+
+
+def _server_side(path: Path) -> None:
+    """The server's own view of each client's requests: a SERVER span with a parent came from
+    ours (its CLIENT span), one without from vLLM's client. Same server TTFT and prompt length
+    mean the clients differ only in what they measure."""
+    from llmtrace import semconv
+    from llmtrace.analysis.sources import load_spans
+    from llmtrace.analysis.stats import percentile
+
+    spans = list(load_spans(str(path)).spans)
+    parent_of = {s.span_id: s.parent_id for s in spans if s.kind.name == "SERVER"}
+    groups: dict[str, list[Any]] = {"ours": [], "vllm": []}
+    for s in spans:
+        if s.name == semconv.SPAN_REQUEST and s.parent_id in parent_of:
+            groups["ours" if parent_of[s.parent_id] else "vllm"].append(s)
+    for arm, requests in groups.items():
+        ttft = sorted(float(v) for r in requests
+                      if (v := r.attributes.get(semconv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)) is not None)
+        tokens = sorted(int(v) for r in requests if (v := r.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)))
+        if ttft and tokens:
+            print(f"  server side, {arm:<5}: {len(requests)} requests, TTFT p50 "
+                  f"{percentile(ttft, 50, presorted=True) * 1000:.1f} ms, prompt tokens p50 "
+                  f"{percentile(tokens, 50, presorted=True):.0f}")
 
 
 def main() -> None:
