@@ -214,6 +214,9 @@ LLM_LOAD_STEP_LABEL: Final = "llm.load.step.label"  # "qps=4" / "concurrency=8"
 LLM_LOAD_OFFERED_QPS: Final = "llm.load.offered_qps"
 LLM_LOAD_CONCURRENCY: Final = "llm.load.concurrency"
 LLM_LOAD_SEND_LAG_S: Final = "llm.load.send_lag_s"  # actual send - intended send, seconds
+#: Seconds the request waited for a connection of the client's own pool (--max-connections):
+#: a queue on the client's side, inside the CLIENT span, before the server saw anything.
+LLM_LOAD_POOL_WAIT_S: Final = "llm.load.pool_wait_s"
 LLM_LOAD_CHAOS: Final = "llm.load.chaos"  # disconnect | malformed | slow-reader
 LLM_LOAD_OUTCOME: Final = "llm.load.outcome"  # ok | http_error | timeout | ... | chaos
 LLM_LOAD_REQUESTED_INPUT_TOKENS: Final = "llm.load.requested_input_tokens"

@@ -10,13 +10,15 @@ from llmtrace.analysis.summary import analyze, to_json
 from tests.analysis.builders import request_trace, span
 
 
-def _client_request(trace: str, start: float, queue: float, step: int, client_ttft_ms: float) -> list[Span]:
+def _client_request(trace: str, start: float, queue: float, step: int, client_ttft_ms: float,
+                    pool_wait_ms: float = 0.0) -> list[Span]:
     """CLIENT (2 ms before the server) -> SERVER -> llm.request with 1/queue/5/20 ms phases."""
     server_side = request_trace(trace, start, 1.0, queue, 5.0, 20.0, server_pad=1.0)
     server = server_side[0]
     client = span("text_completion m", start - 2.0, start + 1.0 + queue + 5.0 + 20.0 + 2.0, trace=trace,
                   kind=SpanKind.CLIENT, attrs={sc.LLM_LOAD_STEP: step, sc.LLM_LOAD_STEP_LABEL: f"qps={2 ** step}",
-                                               sc.LLM_CLIENT_TTFT_S: client_ttft_ms / 1e3})
+                                               sc.LLM_CLIENT_TTFT_S: client_ttft_ms / 1e3,
+                                               sc.LLM_LOAD_POOL_WAIT_S: pool_wait_ms / 1e3})
     return [client, server._replace(parent_id=client.span_id), *server_side[1:]]
 
 
@@ -35,3 +37,13 @@ def test_client_minus_server_ttft_and_the_breakdown_per_step() -> None:
 def test_no_client_section_without_client_spans() -> None:
     spans = request_trace("d" * 32, 0.0, 1.0, 2.0, 5.0, 20.0, server_pad=1.0)
     assert "client" not in to_json(analyze(build_traceset(spans)))
+
+
+def test_the_clients_own_pool_wait_is_not_counted_as_network() -> None:
+    """A request that waited 30 ms for a connection of the client's pool: those 30 ms are
+    reported as the pool's, and client - server TTFT keeps only the time outside both queues."""
+    spans = [*_client_request("e" * 32, 0.0, 0.0, 0, 40.0, pool_wait_ms=30.0),
+             *_client_request("f" * 32, 100.0, 0.0, 0, 10.0)]
+    client = to_json(analyze(build_traceset(spans)))["client"]
+    assert [0.004, 0.004] == [round(r["ttft_delta_s"], 6) for r in client["per_request"]]
+    assert 0.015 == client["pool_wait_s"]["mean"]

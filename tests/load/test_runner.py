@@ -67,6 +67,8 @@ def test_a_stalled_server_shows_in_every_request_scheduled_during_the_stall(sse_
     for r in during:
         assert r.e2e_s is not None
         assert r.e2e_s >= (stall_end - r.scheduled_s) - 0.25, (r.scheduled_s, r.e2e_s)
+    # Behind the one connection, the client's own queue is measured as such (never the server's).
+    assert sum(1 for r in during if r.pool_wait_s > 0.2) >= len(during) - 2, [r.pool_wait_s for r in during]
 
 
 def test_closed_loop_keeps_n_clients_busy(sse_server: tuple[str, Any]) -> None:

@@ -7,10 +7,11 @@ span and continues with the server's SERVER span and ``llm.request``::
     └─ SERVER  POST /v1/chat/completions   |<- network + front end ->|
        └─ llm.request                         arrival ... first token ... finish
 
-Per request, client TTFT (``llm.client.ttft_s``, from the send) minus server TTFT
-(``gen_ai.latency.time_to_first_token``, from ``llm.request``'s arrival) is the time the
-first token spent outside the engine: network, HTTP parsing, tokenization, the stream's
-way back. Per load step (``llm.load.step``) the phase breakdown and the bottleneck verdict
+Per request, client TTFT (``llm.client.ttft_s``, from the send) minus the wait for a
+connection of the client's own pool (``llm.load.pool_wait_s``, reported on its own) minus
+server TTFT (``gen_ai.latency.time_to_first_token``, from ``llm.request``'s arrival) is the
+time the first token spent outside the engine: network, HTTP parsing, tokenization, the
+stream's way back. Per load step (``llm.load.step``) the phase breakdown and the bottleneck verdict
 of the engine windows that overlap the step show what breaks first as load rises.
 """
 
@@ -49,6 +50,7 @@ def _dist(values: Sequence[float]) -> dict[str, float] | None:
 
 def _row(r: RequestView, client: Span) -> dict[str, Any]:
     client_ttft = finite_number(client.attributes.get(sc.LLM_CLIENT_TTFT_S))
+    pool_wait = finite_number(client.attributes.get(sc.LLM_LOAD_POOL_WAIT_S)) or 0.0
     server_ttft = r.ttft_s
     return {
         "trace_id": r.trace.trace_id,
@@ -56,7 +58,8 @@ def _row(r: RequestView, client: Span) -> dict[str, Any]:
         "step_label": client.attributes.get(sc.LLM_LOAD_STEP_LABEL),
         "client_ttft_s": client_ttft,
         "server_ttft_s": server_ttft,
-        "ttft_delta_s": None if client_ttft is None or server_ttft is None else client_ttft - server_ttft,
+        "pool_wait_s": pool_wait,
+        "ttft_delta_s": None if client_ttft is None or server_ttft is None else client_ttft - pool_wait - server_ttft,
         "client_e2e_s": client.duration_ns / 1e9,
         "server_e2e_s": r.e2e_s,
         "start_ns": client.start_ns,
@@ -75,7 +78,8 @@ def join_client_server(requests: Sequence[RequestView],
         return None
     rows = [_row(r, c) for r, c in pairs]
     deltas = [d for row in rows if (d := row["ttft_delta_s"]) is not None]
-    e2e_deltas = [row["client_e2e_s"] - row["server_e2e_s"] for row in rows]
+    e2e_deltas = [row["client_e2e_s"] - row["pool_wait_s"] - row["server_e2e_s"] for row in rows]
+    waits = [row["pool_wait_s"] for row in rows]
     by_step: dict[Any, list[tuple[RequestView, dict[str, Any]]]] = {}
     for (r, _), row in zip(pairs, rows, strict=True):
         by_step.setdefault(row["step"], []).append((r, row))
@@ -85,6 +89,7 @@ def join_client_server(requests: Sequence[RequestView],
         "requests": len(rows),
         "ttft_delta_s": _dist(deltas),
         "e2e_delta_s": _dist(e2e_deltas),
+        "pool_wait_s": _dist(waits) if any(waits) else None,
         "steps": steps,
         "per_request": [{k: v for k, v in row.items() if k not in ("start_ns", "end_ns")} for row in rows[:MAX_ROWS]],
     }
@@ -104,6 +109,7 @@ def _step(step: Any, members: list[tuple[RequestView, dict[str, Any]]],
         "client_ttft_s": _dist([v for row in rows if (v := row["client_ttft_s"]) is not None]),
         "server_ttft_s": _dist([v for row in rows if (v := row["server_ttft_s"]) is not None]),
         "ttft_delta_s": _dist([v for row in rows if (v := row["ttft_delta_s"]) is not None]),
+        "pool_wait_s": _dist([row["pool_wait_s"] for row in rows]),
         "breakdown": {p.phase: p.share for p in phases},
         "bottleneck": max(classes, key=lambda k: classes[k]) if classes else None,
         "window_classes": classes,

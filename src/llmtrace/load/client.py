@@ -85,6 +85,8 @@ class _Reading:
     response_id: str | None = None
     response_model: str | None = None
     finish_reason: str | None = None
+    pool_wait_s: float = 0.0
+    queued_at: float | None = None
 
     def text_arrived(self, now: float, gaps: list[float]) -> None:
         if self.last_s is not None:
@@ -138,6 +140,25 @@ def _final_text(obj: dict[str, Any]) -> str:
     return str(choice.get("text") or (message.get("content") if isinstance(message, dict) else "") or "")
 
 
+async def _queued(_: aiohttp.ClientSession, ctx: Any, __: Any) -> None:
+    ctx.trace_request_ctx.queued_at = time.monotonic()
+
+
+async def _dequeued(_: aiohttp.ClientSession, ctx: Any, __: Any) -> None:
+    reading = ctx.trace_request_ctx
+    if reading.queued_at is not None:
+        reading.pool_wait_s += time.monotonic() - reading.queued_at
+        reading.queued_at = None
+
+
+def _pool_tracing() -> aiohttp.TraceConfig:
+    """aiohttp's signals for a request waiting for a free connection of a limited pool."""
+    config = aiohttp.TraceConfig()
+    config.on_connection_queued_start.append(_queued)
+    config.on_connection_queued_end.append(_dequeued)
+    return config
+
+
 class Client:
     """Sends requests for one run; one aiohttp session, one connection pool."""
 
@@ -154,7 +175,10 @@ class Client:
     async def __aenter__(self) -> Client:
         connector = aiohttp.TCPConnector(limit=self._max_connections, force_close=False)
         headers = {"Authorization": f"Bearer {self.target.api_key}"} if self.target.api_key else None
+        # Only a limited pool can make a request wait; unlimited, no tracing signals are paid for.
+        traces = [_pool_tracing()] if self._max_connections else None
         self.session = aiohttp.ClientSession(connector=connector, headers=headers, read_bufsize=1 << 16,
+                                             trace_configs=traces,
                                              max_line_size=MAX_LINE_BYTES, max_field_size=MAX_LINE_BYTES,
                                              timeout=aiohttp.ClientTimeout(total=self.target.timeout_s))
         return self
@@ -178,7 +202,8 @@ class Client:
         outcome, error = Outcome.OK, None
         try:
             async with self.session.post(self.target.base_url + self.target.path, data=data,
-                                         headers={**headers, "Content-Type": "application/json"}) as response:
+                                         headers={**headers, "Content-Type": "application/json"},
+                                         trace_request_ctx=reading) as response:
                 status = response.status
                 if status >= 400:
                     text = (await response.text())[:200]
@@ -274,7 +299,7 @@ class Client:
             input_tokens=planned.input_tokens, output_tokens=output, prompt_tokens=reading.usage_prompt,
             ttft_s=ttft, e2e_s=ended - intended, tpot_s=tpot, itl_s=tuple(gaps), status=status, error=error,
             chaos=planned.chaos, response_id=reading.response_id, response_model=reading.response_model,
-            finish_reason=reading.finish_reason)
+            finish_reason=reading.finish_reason, pool_wait_s=reading.pool_wait_s)
 
     def _info(self, planned: PlannedRequest, step_label: str, offered_qps: float | None, concurrency: int | None,
               stream: bool) -> RequestInfo:

@@ -95,6 +95,8 @@ class RequestResult:
     response_id: str | None = None
     response_model: str | None = None
     finish_reason: str | None = None
+    #: Time spent waiting for a connection of the client's pool (``--max-connections``), inside e2e.
+    pool_wait_s: float = 0.0
 
     @property
     def counts_as_server_error(self) -> bool:

@@ -98,6 +98,7 @@ def summarize_results(results: list[RequestResult], step: Step, slo: Slo, everyt
         "itl_s": _pcts(itl),
         "e2e_s": _pcts([r.e2e_s for r in ok if r.e2e_s is not None]),
         "send_lag_s": _pcts([r.send_lag_s for r in results]),
+        "pool_wait_s": _pcts([r.pool_wait_s for r in results]),
     }
 
 
@@ -142,6 +143,10 @@ def knee(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
 def self_check_warnings(run: RunResult) -> list[str]:
     check = run.self_check
     warnings = []
+    waits = sorted(r.pool_wait_s for r in run.results)
+    if waits and (wait := percentile(waits, 99, presorted=True)) > SELF_LAG_LIMIT_S:
+        warnings.append(f"requests waited for a connection of the client's own pool (--max-connections): p99 "
+                        f"{wait * 1000:.0f} ms of their latency is the client's queue, not the server's")
     if check.send_lag_p99_s > SELF_LAG_LIMIT_S:
         warnings.append(f"the load client fell behind its schedule: send lag p99 {check.send_lag_p99_s * 1000:.1f} ms "
                         f"(> {SELF_LAG_LIMIT_S * 1000:g} ms); the client, not the server, may be the bottleneck "

@@ -145,6 +145,7 @@ def _attributes(info: RequestInfo, r: RequestResult) -> dict[str, Any]:
         sc.HTTP_RESPONSE_STATUS_CODE: r.status, sc.GEN_AI_USAGE_INPUT_TOKENS: r.prompt_tokens,
         sc.GEN_AI_USAGE_OUTPUT_TOKENS: r.output_tokens if r.outcome is Outcome.OK else None,
         sc.LLM_CLIENT_TPOT_S: r.tpot_s, sc.LLM_LOAD_CHAOS: r.chaos.value if r.chaos else None,
+        sc.LLM_LOAD_POOL_WAIT_S: r.pool_wait_s or None,
         sc.GEN_AI_RESPONSE_ID: r.response_id, sc.GEN_AI_RESPONSE_MODEL: r.response_model,
         sc.GEN_AI_RESPONSE_FINISH_REASONS: [r.finish_reason] if r.finish_reason else None,
     }

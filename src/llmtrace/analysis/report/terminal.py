@@ -68,6 +68,10 @@ def _client(client: Mapping[str, Any]) -> list[str]:
     out = ["", f"Client vs server ({client['requests']} requests sent by a load client)",
            f"  client TTFT - server TTFT (network, front end): p50 {fmt_s(d.get('p50'))}, "
            f"p99 {fmt_s(d.get('p99'))}"]
+    if client.get("pool_wait_s"):
+        w = client["pool_wait_s"]
+        out.append(f"  waiting for the client's own connection pool (not the server): p50 {fmt_s(w.get('p50'))}, "
+                   f"p99 {fmt_s(w.get('p99'))}")
     if len(client["steps"]) > 1:
         out.append(f"  {'load step':<18}{'client TTFT p50':>16}{'server p50':>12}{'queue':>8}{'decode':>8}  bottleneck")
         for s in client["steps"]:
