@@ -8,7 +8,7 @@ import pytest
 from llmtrace.errors import LLMTraceError
 from llmtrace.load.html import render_html
 from llmtrace.load.model import Chaos, Outcome, RequestResult, RunResult, SelfCheck, Slo, Step
-from llmtrace.load.report import summarize
+from llmtrace.load.report import knee, saturated_at, summarize
 from llmtrace.load.slo import parse_slo
 from llmtrace.load.terminal import render
 
@@ -62,6 +62,19 @@ def test_the_knee_is_the_last_step_on_the_latency_plateau() -> None:
     """Median e2e 1.0 -> 1.2 (plateau) -> 3.0 (left it): the knee is step 1."""
     knee = summarize(_run(_constructed()), Slo())["knee"]
     assert ("qps=2", "qps=4") == (knee["label"], knee["next_label"])
+
+
+def test_a_step_that_leaves_the_plateau_and_comes_back_is_not_the_knee() -> None:
+    """Median e2e 1.0, 3.0 (a stalled step), 1.1, then 4.0 and 5.0: the knee is the 1.1 step,
+    after which latency stays off the plateau; the first saturated step likewise."""
+    def step(i: int, e2e: float, achieved: float) -> dict[str, object]:
+        return {"step": i, "label": f"qps={2 ** i}", "concurrency": None, "offered_qps": 2.0 ** i,
+                "sent_qps": 2.0 ** i, "achieved_qps": achieved, "e2e_s": {"p50": e2e}}
+    steps = [step(0, 1.0, 1.0), step(1, 3.0, 1.0), step(2, 1.1, 4.0), step(3, 4.0, 5.0), step(4, 5.0, 5.0)]
+    found = knee(steps)
+    assert found is not None and ("qps=4", "qps=8") == (found["label"], found["next_label"])
+    assert "qps=8" == saturated_at(steps)
+    assert knee(steps[:3]) is None and saturated_at(steps[:3]) is None
 
 
 def test_the_self_check_warns_when_the_client_is_the_bottleneck() -> None:

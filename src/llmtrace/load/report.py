@@ -15,12 +15,14 @@ Definitions (seconds; latencies from each request's intended send time):
 * **capacity**: the highest-load step whose p99 TTFT/TPOT/e2e each meet the SLO and whose
   error ratio is at most :data:`CAPACITY_MAX_ERROR_RATIO`;
 * **knee**: the last step whose median e2e is within :data:`KNEE_FACTOR` of the lightest
-  step's — the load after which latency leaves its plateau.
+  step's before every later step's is beyond it — the load after which latency leaves its
+  plateau for good;
+* **saturated at**: the first step from which on every step's achieved rate is under
+  :data:`SATURATION_SHARE` of the rate it was sent at.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from typing import Any
 
@@ -128,16 +130,38 @@ def capacity(steps: list[dict[str, Any]], slo: Slo) -> dict[str, Any] | None:
 
 
 def knee(steps: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The last step on the latency plateau, if a later one leaves it (None: no knee seen)."""
+    """The last step on the latency plateau before latency leaves it for good (None: it never
+    does). A step off the plateau followed by one back on it is noise, not the knee: a
+    shared host stalls a step now and then, and a knee the next step disowns misleads."""
     measured = sorted((s for s in steps if s["e2e_s"]["p50"] is not None), key=_load_of)
     if len(measured) < 2:
         return None
-    base = measured[0]["e2e_s"]["p50"]
-    for previous, current in itertools.pairwise(measured):
-        if current["e2e_s"]["p50"] > KNEE_FACTOR * base:
-            return {"step": previous["step"], "label": previous["label"], "next_label": current["label"],
-                    "e2e_p50_s": previous["e2e_s"]["p50"], "next_e2e_p50_s": current["e2e_s"]["p50"]}
-    return None
+    limit = KNEE_FACTOR * measured[0]["e2e_s"]["p50"]
+    above = [s["e2e_s"]["p50"] > limit for s in measured]
+    first_off = _start_of_tail(above)
+    if first_off is None or first_off == 0:
+        return None
+    previous, current = measured[first_off - 1], measured[first_off]
+    return {"step": previous["step"], "label": previous["label"], "next_label": current["label"],
+            "e2e_p50_s": previous["e2e_s"]["p50"], "next_e2e_p50_s": current["e2e_s"]["p50"]}
+
+
+def _start_of_tail(flags: list[bool]) -> int | None:
+    """Index of the first element of the longest all-True suffix (None: the last is False)."""
+    if not flags or not flags[-1]:
+        return None
+    index = len(flags)
+    while index > 0 and flags[index - 1]:
+        index -= 1
+    return index
+
+
+def saturated_at(steps: list[dict[str, Any]]) -> str | None:
+    """The first open-loop step from which on every step's answers fell behind the rate it was
+    sent at (achieved < :data:`SATURATION_SHARE` of sent); one short step alone is noise."""
+    rated = [s for s in steps if s["sent_qps"] and s["concurrency"] is None]
+    start = _start_of_tail([s["achieved_qps"] < SATURATION_SHARE * s["sent_qps"] for s in rated])
+    return None if start is None else str(rated[start]["label"])
 
 
 def self_check_warnings(run: RunResult) -> list[str]:
@@ -170,8 +194,7 @@ def summarize(run: RunResult, slo: Slo) -> dict[str, Any]:
     overall = summarize_results(everything, whole, slo, everything, last=True)
     overall["offered_qps"] = (sum(s.qps * s.duration_s for s in run.steps if s.qps is not None) / span
                               if span and all(s.qps is not None for s in run.steps) else overall["offered_qps"])
-    saturated = next((s["label"] for s in steps if s["sent_qps"] and s["concurrency"] is None
-                      and s["achieved_qps"] < SATURATION_SHARE * s["sent_qps"]), None)
+    saturated = saturated_at(steps)
     check = run.self_check
     return {
         "schema_version": SCHEMA_VERSION, "generator": "llmtrace load",
