@@ -52,18 +52,15 @@ def traced_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             assert server.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "reference server did not start"
             time.sleep(0.5)
-        load = subprocess.run(
-            [sys.executable, "-m", "llmtrace.cli", "load", f"http://127.0.0.1:{port}", "--profile", "steps",
-             "--qps", "2,4", "--step-duration", "2", "--input-tokens", "24", "--output-tokens", "8",
-             "--traces", str(out / "client.jsonl"), "--json", str(out / "load.json"), "-q"],
-            cwd=out, env=_env(), capture_output=True, text=True, timeout=240, check=False)
-        assert 0 == load.returncode, load.stderr
-        chat = subprocess.run(
-            [sys.executable, "-m", "llmtrace.cli", "load", f"http://127.0.0.1:{port}", "--endpoint", "chat",
-             "--qps", "3", "--duration", "2", "--input-tokens", "60", "--output-tokens", "8",
-             "--traces", str(out / "chat.jsonl"), "--json", str(out / "chat.json"), "-q"],
-            cwd=out, env=_env(), capture_output=True, text=True, timeout=240, check=False)
-        assert 0 == chat.returncode, chat.stderr
+        for name, options in (("client", ["--profile", "steps", "--qps", "2,4", "--step-duration", "2",
+                                          "--input-tokens", "24"]),
+                              ("chat", ["--endpoint", "chat", "--qps", "3", "--duration", "2",
+                                        "--input-tokens", "60"])):
+            load = subprocess.run(
+                [sys.executable, "-m", "llmtrace.cli", "load", f"http://127.0.0.1:{port}", *options, "--output-tokens",
+                 "8", "--traces", str(out / f"{name}.jsonl"), "--json", str(out / f"{name}-load.json"), "-q"],
+                cwd=out, env=_env(), capture_output=True, text=True, timeout=240, check=False)
+            assert 0 == load.returncode, load.stderr
     finally:
         server.send_signal(signal.SIGINT)  # uvicorn shuts down; the engine flushes its spans
         server.wait(60)
@@ -76,7 +73,7 @@ def test_the_client_span_is_the_parent_of_the_server_span(traced_run: Path) -> N
         load_spans(str(traced_run / "server.jsonl")).spans)
     by_id = {s.span_id: s for s in spans}
     clients = [s for s in spans if s.kind == SpanKind.CLIENT]
-    summary = json.loads((traced_run / "load.json").read_text())
+    summary = json.loads((traced_run / "client-load.json").read_text())
     assert summary["overall"]["requests"] == len(clients) > 4
     for client in clients:
         servers = [s for s in spans if s.parent_id == client.span_id]
