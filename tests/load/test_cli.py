@@ -90,17 +90,20 @@ def test_a_malformed_replay_file_is_one_error_line(tmp_path: Path) -> None:
     assert "Traceback" not in out.stderr
 
 
-def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(sse_server: tuple[str, Any],
-                                                                  tmp_path: Path) -> None:
-    """SIGINT two seconds into a 60 s run: exit 130, and the JSON report holds the requests so far."""
+@pytest.mark.parametrize("processes", [1, 2])
+def test_ctrl_c_ends_the_run_with_the_report_of_what_was_measured(sse_server: tuple[str, Any], tmp_path: Path,
+                                                                  processes: int) -> None:
+    """SIGINT to the terminal's process group (what Ctrl-C sends) a few requests into a 60 s run,
+    also with worker processes: exit 130, and the JSON report holds the requests so far."""
     url, app = sse_server
     proc = subprocess.Popen([sys.executable, "-m", "llmtrace.cli", "load", url, "--qps", "5", "--duration", "60",
-                             "--output-tokens", "4", "--json", "r.json", "--no-traces"], cwd=tmp_path, env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--output-tokens", "4", "--json", "r.json", "--no-traces", "--processes",
+                             str(processes)], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
     deadline = time.monotonic() + 60
-    while len(app.state.log) < 8 and time.monotonic() < deadline:
+    while len(app.state.log) < 10 and time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=60)
     assert 130 == proc.returncode, stderr
     summary = json.loads((tmp_path / "r.json").read_text())
