@@ -19,7 +19,7 @@ server's own tiny BPE tokenizer is saved to a temporary directory for it (nothin
 Run::
 
     PYTHONPATH=src python benchmarks/bench_load_client.py [--rates 25,50,100,200] [--duration 8]
-        [--agreement-rate 2] [--agreement-requests 60] [--skip-agreement]
+        [--agreement-rate 2] [--agreement-requests 60] [--agreement-rounds 2] [--skip-agreement]
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
         rate, n, out = args.agreement_rate, args.agreement_requests, 16
         print(f"\nreference server, {rate:g} req/s Poisson, {n} requests, {INPUT_TOKENS} prompt / {out} answer tokens")
         rows = []
-        for arm in ("ours", "vllm", "ours", "vllm"):
+        for arm in ("ours", "vllm") * args.agreement_rounds:
             row = (ours(url, rate, 0, out, tmp, requests=n) if arm == "ours"
                    else vllm(url, rate, n, out, tokenizer, tmp, "llmtrace-tiny-gpt2"))
             rows.append((arm, row))
@@ -283,6 +283,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--agreement-rate", type=float, default=2.0)
     parser.add_argument("--agreement-requests", type=int, default=60)
+    parser.add_argument("--agreement-rounds", type=int, default=2, help="runs per client, interleaved")
     parser.add_argument("--skip-agreement", action="store_true")
     parser.add_argument("--skip-rates", action="store_true")
     args = parser.parse_args()
