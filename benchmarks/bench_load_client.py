@@ -271,10 +271,14 @@ def _server_side(path: Path) -> None:
         ttft = sorted(float(v) for r in requests
                       if (v := r.attributes.get(semconv.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN)) is not None)
         tokens = sorted(int(v) for r in requests if (v := r.attributes.get(semconv.GEN_AI_USAGE_INPUT_TOKENS)))
-        if ttft and tokens:
+        answers = sorted(int(v) for r in requests if (v := r.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS)))
+        e2e = sorted(r.duration_ns / 1e6 for r in requests)
+        if ttft and tokens and answers:
             print(f"  server side, {arm:<5}: {len(requests)} requests, TTFT p50 "
-                  f"{percentile(ttft, 50, presorted=True) * 1000:.1f} ms, prompt tokens p50 "
-                  f"{percentile(tokens, 50, presorted=True):.0f}")
+                  f"{percentile(ttft, 50, presorted=True) * 1000:.1f} ms, e2e p50 "
+                  f"{percentile(e2e, 50, presorted=True):.1f} ms, prompt tokens p50 "
+                  f"{percentile(tokens, 50, presorted=True):.0f}, answer tokens p50 "
+                  f"{percentile(answers, 50, presorted=True):.0f}")
 
 
 def main() -> None:
