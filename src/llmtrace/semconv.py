@@ -54,6 +54,9 @@ LLM_SPEC_ACCEPTED_TOKENS: Final = "llm.spec_decode.accepted_tokens"
 LLM_SPEC_ACCEPTANCE_RATE: Final = "llm.spec_decode.acceptance_rate"
 #: The LoRA adapter that served the request (no GenAI convention names one; llm.* is ours).
 LLM_REQUEST_LORA: Final = "llm.request.lora"
+#: The model that answered, where it differs from the one asked for (the cohort comparison
+#: falls back to it when gen_ai.request.model is absent).
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 # vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
 # its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"
@@ -156,6 +159,11 @@ HW_GPU_NAME: Final = "hw.gpu.name"  # metric attribute: the product name, e.g. "
 HW_GPU_ECC_UNCORRECTED: Final = "hw.gpu.ecc.uncorrected"  # volatile uncorrected ECC errors, count
 HW_GPU_PERFORMANCE_STATE: Final = "hw.gpu.performance_state"  # P-state, 0 (max) .. 15
 # ---- end GPU additions
+# ------------------------------------------------------------------- resource (OpenTelemetry)
+#: The resource attribute naming the process's service: the analyzer's clock domains and
+#: per-service views key on it.
+SERVICE_NAME: Final = "service.name"
+
 # ------------------------------------------------------------------- HTTP server (stable semconv)
 # llmtrace's own SERVER span and HTTP metrics use the stable HTTP semantic conventions,
 # the names OpenTelemetry's instrumentations emit with OTEL_SEMCONV_STABILITY_OPT_IN=http.

@@ -19,6 +19,8 @@ from llmtrace import semconv as sc
 from llmtrace._version import __version__
 from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis._kernels import KERNELS
+from llmtrace.analysis._steps import StepStats
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
 from llmtrace.analysis.client_join import join_client_server
@@ -184,27 +186,13 @@ def _request_stats(
     }
 
 
-def _all_step_stats(engines: Mapping[str, EngineView]) -> bn.StepStats:
+def _all_step_stats(engines: Mapping[str, EngineView]) -> StepStats:
     """Step statistics of every engine's steps, one engine after another."""
-    compiled = [e.compiled for e in engines.values() if e.compiled is not None]
-    if compiled and len(compiled) == len(engines) and all(c.table is compiled[0].table for c in compiled):
-        return bn.StepStats(*compiled[0].table.step_stats([c.engine for c in compiled]))
-    return bn.step_stats([s for e in engines.values() for s in e.steps])
+    return KERNELS.step_stats(list(engines.values()))
 
 
 def _step_starts(e: EngineView) -> list[int]:
-    if e.compiled is not None:
-        table, index = e.compiled
-        starts: list[int] = table.step_starts(index)
-        return starts
-    return [s.step.start_ns for s in e.steps]
-
-
-def _range_stats(e: EngineView, lo: int, hi: int) -> bn.StepStats:
-    if e.compiled is not None:
-        table, index = e.compiled
-        return bn.StepStats(*table.step_stats([index], lo, hi))
-    return bn.step_stats(e.steps[lo:hi])
+    return KERNELS.engine(e).step_starts()
 
 
 def _window_verdicts(
@@ -212,9 +200,10 @@ def _window_verdicts(
 ) -> list[WindowVerdict]:
     out = []
     for e, ei, starts in zip(engines.values(), idle, step_starts, strict=True):
+        steps = KERNELS.engine(e)
         for w, wi in zip(e.windows, ei.windows, strict=True):
-            steps = _range_stats(e, bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
-            f = bn.window_features(w, steps, wi.idle_ns, wi.with_work_ns, wi.causes)
+            stats = steps.step_stats(bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
+            f = bn.window_features(w, stats, wi.idle_ns, wi.with_work_ns, wi.causes)
             out.append(WindowVerdict(e.engine_id, w.start_ns, w.end_ns, bn.diagnose(f)))
     return out
 
