@@ -65,7 +65,6 @@ VLLM_USAGE_COMPLETION_TOKENS: Final = "gen_ai.usage.completion_tokens"
 VLLM_REQUEST_ID: Final = "gen_ai.request.id"
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
-GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"  # on the load client's CLIENT span
 GEN_AI_PROMPT: Final = "gen_ai.prompt"  # only with capture_content=True
 GEN_AI_COMPLETION: Final = "gen_ai.completion"  # only with capture_content=True
 
