@@ -23,6 +23,7 @@ from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis._steps import StepStats
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
+from llmtrace.analysis.client_join import join_client_server
 from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
@@ -71,6 +72,9 @@ class Analysis:
     views: Mapping[str, Any] = field(default_factory=dict)
     #: None where no engine reported prompt provenance.
     prefix_cache: PrefixCacheStats | None = None
+    #: Client and server joined, when a load client's CLIENT spans are in the traces
+    #: (analysis/client_join.py); None otherwise.
+    client: Mapping[str, Any] | None = None
 
 
 def _stride(values: Sequence[_T], cap: int) -> list[_T]:
@@ -149,8 +153,18 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     }
     if prefix is not None:
         views["ttft_vs_cached"] = [list(p) for p in prefix.points]
+    client = join_client_server(reqs, lambda lo, hi: _classes_between(windows, lo, hi))
     fields = {f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}
-    return Analysis(**{**fields, "views": views, "prefix_cache": prefix})
+    return Analysis(**{**fields, "views": views, "prefix_cache": prefix, "client": client})
+
+
+def _classes_between(windows: Sequence[WindowVerdict], start_ns: int, end_ns: int) -> dict[str, int]:
+    """Bottleneck classes of the engine windows overlapping ``[start_ns, end_ns]``, counted."""
+    counts: dict[str, int] = {}
+    for w in windows:
+        if w.start_ns <= end_ns and w.end_ns >= start_ns:
+            counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1
+    return counts
 
 
 def _request_stats(
@@ -359,6 +373,8 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
             "tokens": {"computed": p.computed_tokens, "cached": p.cached_tokens, "transferred": p.transferred_tokens},
             "ttft_p50_s": {"hit": p.ttft_hit_p50_s, "miss": p.ttft_miss_p50_s},
         }
+    if a.client is not None:
+        out["client"] = a.client
     if include_views:
         out["views"] = a.views
     return _clean(out)  # type: ignore[no-any-return]
