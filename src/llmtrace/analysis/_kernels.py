@@ -11,6 +11,11 @@ compiled module is there. The two implementations of :class:`Kernels`:
   with a build from another llmtrace version, or with ``LLMTRACE_ANALYSIS_NATIVE=0``
   (:mod:`llmtrace.analysis._native` decides which).
 
+The engine table's answers about one engine's steps are part of the boundary too:
+:meth:`Kernels.engine` gives an :class:`EngineSteps`, from the table's columns
+(:class:`NativeEngine`) when it holds the engine, else from its ``StepView`` objects
+(:class:`~llmtrace.analysis._steps.PythonEngine`).
+
 The compiled kernels take 64-bit times; the rare input beyond them (a corrupt file's
 astronomically large time, which the generic decoder accepts) is handed to the Python
 kernels here, so callers never see the difference.
@@ -22,13 +27,15 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from llmtrace import semconv as sc
-from llmtrace.analysis import _native, _oracle
-from llmtrace.analysis.engine_table import EngineTable
-from llmtrace.analysis.intervals import Interval
+from llmtrace.analysis import _native, _oracle, _steps
+from llmtrace.analysis._steps import GapInputs, GapTotals, IdleGaps, StepStats, WindowIdle
+from llmtrace.analysis.engine_table import CompiledEngine, CompiledRows, EngineTable
+from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import (
     EMPTY_ATTRS,
     GAP_CAUSES,
     HOST_CAUSE_INDEX,
+    EngineView,
     Gap,
     Link,
     PathItem,
@@ -48,6 +55,45 @@ ENGINE_SPANS = [sc.SPAN_ENGINE, sc.SPAN_STEP, sc.SPAN_SCHEDULE, sc.SPAN_FORWARD,
 #: The step attributes the engine table reads, in the order it expects them.
 STEP_KEYS = [sc.LLM_ENGINE_ID, sc.LLM_STEP_ID, sc.LLM_BATCH_SIZE, sc.LLM_QUEUE_WAITING, sc.LLM_QUEUE_RUNNING,
              sc.LLM_KV_CACHE_USAGE, sc.LLM_PREEMPTED, sc.LLM_BATCH_REQUEST_IDS]
+#: Cause index (into GAP_CAUSES) by the engine table's host-span name code - 2 (schedule,
+#: forward, sample, postprocess in :data:`ENGINE_SPANS`); forward is never a host span.
+_TABLE_HOST_CAUSES = (
+    HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
+    0,
+    HOST_CAUSE_INDEX[sc.SPAN_SAMPLE],
+    HOST_CAUSE_INDEX[sc.SPAN_POSTPROCESS],
+)
+
+
+class EngineSteps(Protocol):
+    """What the analyzers ask about one engine's steps (:meth:`Kernels.engine`): the compiled
+    engine table answers for an engine it holds, :class:`~llmtrace.analysis._steps.PythonEngine`
+    (the reference) for any other. Intervals are ``(start_ns, end_ns)``."""
+
+    def segments(self) -> list[Interval]:
+        """The analysed time of an engine without windows: runs of consecutive step ids, merged."""
+        ...
+
+    def step_runs(self) -> list[Interval]:
+        """When the step attributes say work was waiting (:func:`~llmtrace.analysis._steps.step_runs`)."""
+        ...
+
+    def step_starts(self) -> list[int]:
+        """Every step's start, in step order."""
+        ...
+
+    def step_stats(self, lo: int, hi: int) -> StepStats:
+        """:func:`~llmtrace.analysis._steps.step_stats` of steps ``lo..hi``."""
+        ...
+
+    def gaps(self, sweep: GapInputs) -> list[Gap]:
+        """The classified idle gaps inside ``sweep.segs``, sorted (:meth:`Kernels.classify_gaps`
+        over the steps' forwards and host spans)."""
+        ...
+
+    def idle(self, sweep: GapInputs, engine_work: Sequence[Interval], windows: Sequence[Interval]) -> IdleGaps:
+        """:meth:`gaps` and their :func:`~llmtrace.analysis._steps.gap_totals`."""
+        ...
 
 
 class Kernels(Protocol):
@@ -86,6 +132,17 @@ class Kernels(Protocol):
         work: Sequence[Interval],
     ) -> list[Gap]:
         """An engine's classified idle gaps (:func:`llmtrace.analysis._oracle.classify_gaps`)."""
+        ...
+
+    def engine(self, view: EngineView) -> EngineSteps:
+        """What the analyzers ask about ``view``'s steps: from the compiled engine table
+        when it holds the engine (and these are the compiled kernels), else from its
+        ``StepView`` objects."""
+        ...
+
+    def step_stats(self, views: Sequence[EngineView]) -> StepStats:
+        """:func:`~llmtrace.analysis._steps.step_stats` of every engine's steps, one engine
+        after another."""
         ...
 
 
@@ -155,6 +212,81 @@ class NativeKernels:
         except OverflowError:  # a time beyond int64
             return self._python.classify_gaps(engine_id, segs, forwards, hosts, extras, work)
 
+    def engine(self, view: EngineView) -> EngineSteps:
+        handle: CompiledEngine | None = view.compiled
+        if handle is None:
+            return _steps.PythonEngine(view, self.classify_gaps)
+        return NativeEngine(view, handle)
+
+    def step_stats(self, views: Sequence[EngineView]) -> StepStats:
+        handles = [v.compiled for v in views]
+        first = handles[0] if handles else None
+        if first is not None and all(h is not None and h.table is first.table for h in handles):
+            return StepStats(*first.table.step_stats([h.engine for h in handles]))
+        return self._python.step_stats(views)
+
+
+class NativeEngine:
+    """An engine the compiled engine table holds, adapted to :class:`EngineSteps`. A time
+    beyond int64 (a request's, handed in) is answered by the Python reference over the
+    engine's steps."""
+
+    def __init__(self, view: EngineView, handle: CompiledEngine) -> None:
+        self._view = view
+        self._table, self._index = handle
+
+    def segments(self) -> list[Interval]:
+        return merge(self._table.step_segments(self._index))
+
+    def step_runs(self) -> list[Interval]:
+        return self._table.step_runs(self._index)
+
+    def step_starts(self) -> list[int]:
+        return self._table.step_starts(self._index)
+
+    def step_stats(self, lo: int, hi: int) -> StepStats:
+        return StepStats(*self._table.step_stats([self._index], lo, hi))
+
+    def gaps(self, sweep: GapInputs) -> list[Gap]:
+        segs, work, extras = sweep
+        try:
+            gap_set = self._table.idle(self._index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], GAP_CAUSES)[0]
+        except OverflowError:
+            return self._python().gaps(sweep)
+        return gap_set.rows(0, len(gap_set), self._view.engine_id, Gap, GAP_CAUSES)
+
+    def idle(self, sweep: GapInputs, engine_work: Sequence[Interval], windows: Sequence[Interval]) -> IdleGaps:
+        """The gaps stay in Rust (a ``GapSet`` this result alone holds), made into
+        :class:`Gap` tuples when read (the reports read a few dozen)."""
+        segs, work, extras = sweep
+        try:
+            gap_set, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = self._table.idle(
+                self._index, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, GAP_CAUSES
+            )
+        except OverflowError:
+            return self._python().idle(sweep, engine_work, windows)
+        engine_id = self._view.engine_id
+
+        def fetch(lo: int, hi: int) -> tuple[Gap, ...]:
+            return tuple(gap_set.rows(lo, hi, engine_id, Gap, GAP_CAUSES))
+
+        found: CompiledRows[Gap] = CompiledRows(fetch, len(gap_set))
+        totals = GapTotals(
+            dict(zip(GAP_CAUSES, per_cause, strict=True)),
+            with_work,
+            side,
+            idle,
+            p50,
+            p99,
+            tuple(found[k] for k in top),
+            found[worst] if worst >= 0 else None,
+            tuple(WindowIdle(i, w, {GAP_CAUSES[c]: ns for c, ns in causes}) for i, w, causes in per_window),
+        )
+        return IdleGaps(found, totals)
+
+    def _python(self) -> EngineSteps:
+        return _steps.PythonEngine(self._view, _oracle.classify_gaps)
+
 
 def _as_dict(children: Children) -> dict[str, Sequence[Span]]:
     """The compiled walk reads a ``dict`` (``Trace.build`` makes one; a hand-made trace
@@ -172,4 +304,4 @@ KERNELS: Kernels = _choose()
 #: The Python kernels, always (the reference; tests compare :data:`KERNELS` against it).
 PYTHON: Kernels = _oracle.PythonKernels()
 
-__all__ = ["ENGINE_SPANS", "KERNELS", "PYTHON", "STEP_KEYS", "Kernels", "NativeKernels"]
+__all__ = ["ENGINE_SPANS", "KERNELS", "PYTHON", "STEP_KEYS", "EngineSteps", "Kernels", "NativeEngine", "NativeKernels"]

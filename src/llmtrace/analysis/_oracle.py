@@ -11,6 +11,9 @@ tests/analysis/ compare both on random input).
 * :func:`classify_gaps` — the GPU idle gaps of one engine described in :mod:`.gpu_idle`:
   forward intervals joined, the gaps between them inside the analysed segments, the host's
   activities painted by priority in one interval sweep, each gap split by them.
+* :meth:`PythonKernels.engine` — an engine's steps answered from its ``StepView`` objects
+  (:class:`~llmtrace.analysis._steps.PythonEngine`), whether or not the compiled table
+  holds them.
 * The OTLP line decoder declines every line (the generic reader in ``sources/otlp.py`` reads
   them), and there is no engine table: every span is a Python object.
 """
@@ -21,12 +24,14 @@ from bisect import bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
+from llmtrace.analysis._steps import PythonEngine, StepStats, step_stats
 from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.intervals import Interval, merge
 from llmtrace.analysis.model import (
     GAP_CAUSES,
     HOST_CAUSE_INDEX,
     Dominant,
+    EngineView,
     Gap,
     PathItem,
     PathSums,
@@ -223,3 +228,11 @@ class PythonKernels:
     def new_engine_table(self) -> EngineTable | None:
         """None: every span is a Python object."""
         return None
+
+    def engine(self, view: EngineView) -> PythonEngine:
+        """The reference over ``view``'s ``StepView`` objects (those of an engine the
+        compiled table holds are made from it)."""
+        return PythonEngine(view, classify_gaps)
+
+    def step_stats(self, views: Sequence[EngineView]) -> StepStats:
+        return step_stats([s for v in views for s in v.steps])

@@ -10,8 +10,8 @@ of them can still become the same ``Span``.
 
 :func:`build_compiled` then builds the trace set with those engines *compiled*: an
 :class:`~llmtrace.analysis.model.EngineView` whose ``steps`` are made into Python objects
-only when indexed or iterated, and whose ``compiled`` handle lets the analyzers ask the
-table instead (``gpu_idle.engine_idle``, ``bottleneck.step_stats``). It declines — and the
+only when indexed or iterated, and whose ``compiled`` handle lets the kernels answer the
+analyzers' questions about its steps from the table (``_kernels.KERNELS.engine``). It declines — and the
 caller makes every span a Python object and takes the Python path — whenever the table's
 traces are not exactly what the Python build would see: a trace that is partly Python
 spans, a trace of several processes (clock-skew repair is Python's), an engine id of a

@@ -331,7 +331,8 @@ class EngineView:
 
     ``compiled`` is set when the steps live in the compiled engine table
     (:mod:`llmtrace.analysis.engine_table`): ``steps`` then makes :class:`StepView` objects
-    only when read, and the analyzers ask the table through the handle instead.
+    only when read. Only :mod:`llmtrace.analysis._kernels` reads the handle: the analyzers
+    ask ``KERNELS.engine(view)``, which answers from the table or from ``steps``.
     """
 
     engine_id: str

@@ -1,4 +1,4 @@
-"""``llmtrace`` command line: analyze, compare, export, demo, doctor.
+"""``llmtrace`` command line: analyze, compare, export, load, demo, doctor.
 
 A thin layer over :mod:`llmtrace.analysis` (and the demo/doctor modules, imported only
 when their subcommand runs). Any error a user can cause — a missing file, malformed JSON,
@@ -30,6 +30,7 @@ examples:
   llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
   llmtrace compare traces.jsonl --where 'ttft>p95'          # what the slowest 5% have in common
   llmtrace export traces.jsonl --format perfetto -o t.json  # timeline for ui.perfetto.dev
+  llmtrace load http://localhost:8000 --profile steps --qps 1:32 --slo ttft=500ms   # capacity
   llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
   llmtrace doctor                                           # NVML, where spans go, integrations
 """
@@ -228,13 +229,16 @@ Trace a real (tiny) LLM server under load and show what the traces say — no GP
 
 It starts llmtrace's reference server on loopback — an OpenAI-compatible FastAPI front end and
 a continuous-batching engine in its own process, running a random-weight GPT-2 with a KV-cache
-budget small enough that bursts force preemption — instruments both with llmtrace, and sends
-it a bounded load: a steady stream, a burst, long-tail prompt lengths, a few clients that hang
-up mid-stream. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
+budget small enough that the top load steps force preemption — instruments both with llmtrace,
+and runs `llmtrace load` against it: QPS steps 1, 2, 4, 8, 16 (the last ones past what 2 cores
+serve), long-tail prompt lengths, a few chaos clients. Every request is a CLIENT span above the
+server's spans. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
 collector when OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set) — or, without
---output, where LLMTRACE_EXPORTER sends it when that is set. Then the report of `llmtrace
-analyze` on this run's spans in the file is printed: latency, phase breakdown, critical path,
-GPU idle gaps, the bottleneck and anomalies (with no file, the demo says where they went)."""
+--output, where LLMTRACE_EXPORTER sends it when that is set. It prints the load report
+(capacity under the SLO ttft=500ms,tpot=100ms, the knee), then the report of `llmtrace analyze`
+on this run's spans in the file: latency, phase breakdown, critical path, GPU idle gaps, the
+bottleneck, anomalies and the client-vs-server view per load step (with no file, the demo says
+where they went)."""
 
 _DEMO_EPILOG = """\
 examples:
@@ -245,6 +249,12 @@ examples:
   LLMTRACE_EXPORTER=file:run.jsonl,otlp llmtrace demo              # appended to run.jsonl, and OTLP
   llmtrace analyze llmtrace-demo-traces.jsonl --json summary.json   # the traces again, later
 """
+
+
+def _add_load(sub: Any) -> None:
+    from llmtrace.cli._load import add_load_parser
+
+    add_load_parser(sub, _number).set_defaults(func=_lazy("llmtrace.cli._load", "run_load_command"))
 
 
 def _add_demo(sub: Any) -> None:
@@ -262,7 +272,8 @@ def _add_demo(sub: Any) -> None:
         help="load duration in seconds (default 40: about a minute in all on 2 cores)",
     )
     p.add_argument("--requests", type=_POSITIVE_INT, default=None, help="stop after this many requests")
-    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32, help="most requests in flight at once (default 32)")
+    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32,
+                   help="most requests in flight at once: the client's connection pool (default 32)")
     p.add_argument("--output", metavar="PATH", default=None,
                    help="trace file to write, OTLP JSON lines, replaced (default: the file of LLMTRACE_EXPORTER "
                         "when that is set, appended to; else llmtrace-demo-traces.jsonl)")
@@ -310,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_analyze(sub)
     _add_compare(sub)
+    _add_load(sub)
     _add_export(sub)
     _add_demo(sub)
     _add_doctor(sub)
