@@ -438,6 +438,10 @@ class GatewayStack:
                     otlp_http_accepts(f"127.0.0.1:{p['http']}"), backend.log_dir))
                 telemetry.append(f"http://127.0.0.1:{p['tel']}/metrics")
                 tier2_endpoints.append(f"127.0.0.1:{p['grpc']}")
+            # Tier 2 listens before tier 1 starts: a tier-1 connection refused at start-up sits
+            # in gRPC's reconnect backoff, and the first batches would wait out retries.
+            for proc in processes:
+                proc.wait_healthy()
             g = dict(zip(("grpc", "http", "tel"), free_ports(3), strict=True))
             env = {
                 "LLMTRACE_GATEWAY_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{g['grpc']}",
@@ -450,8 +454,7 @@ class GatewayStack:
             }
             processes.append(ManagedProcess("tier1", [gateway, "--config", f"file:{GATEWAY_CONFIG}"], env,
                                             otlp_http_accepts(f"127.0.0.1:{g['http']}"), backend.log_dir))
-            for proc in processes:
-                proc.wait_healthy()
+            processes[-1].wait_healthy()
         except BaseException:
             for proc in reversed(processes):
                 proc.stop()
