@@ -70,19 +70,26 @@ class CircuitBreaker(SpanExporter):
         ok = self.attempt(spans, probe=not self.spill_probes)
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
-    def attempt(self, spans: Sequence[ReadableSpan], probe: bool) -> bool:
-        """Export *spans* unless the endpoint is down and no probe is due (or *probe* is False)."""
+    def attempt(self, spans: Sequence[ReadableSpan], probe: bool, wait: bool = True) -> bool | None:
+        """Export *spans* unless the endpoint is down and no probe is due (or *probe* is False).
+
+        With *wait* False, an export already running (the export thread's, which may take the
+        exporter's whole timeout against a silent endpoint) is not waited for: None, nothing tried."""
         if self.down:
             now = time.monotonic()
             if not probe or now < self._probe_at:
                 return False
             self._probe_at = now + PROBE_INTERVAL_S
-        with self._lock:
+        if not self._lock.acquire(blocking=wait):
+            return None
+        try:
             try:
                 ok = self.inner.export(spans) is SpanExportResult.SUCCESS
             except Exception as exc:  # noqa: BLE001 - an exporter bug is a failed export, not a dead thread
                 record_error("otlp-export", exc)
                 ok = False
+        finally:
+            self._lock.release()
         if ok:
             self.down = False
         elif not self.down:
@@ -188,7 +195,9 @@ class Spiller:
             try:
                 started = time.monotonic()
                 for segment, spans in lines:  # each line is decoded as it is reached
-                    if spans and not self._breaker.attempt(spans, probe=True):
+                    # Never queue behind the export thread's export: while it waits on the endpoint,
+                    # this thread is what writes the overflow to disk.
+                    if spans and not self._breaker.attempt(spans, probe=True, wait=False):
                         return
                     self.store.sent(segment, len(spans))
                     self._stats.add_exported(len(spans))
