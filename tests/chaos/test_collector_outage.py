@@ -47,7 +47,7 @@ RSS_GROWTH_LIMIT_KIB = 100 * 1024
 #: (0.2 s), with a second of margin.
 COLLECTOR_LOSS_WINDOW_S = 4.5
 #: The spill's re-send is paced (a third of the spill thread's time): a 25 s outage's spill took
-#: 31 s to re-send on the 2-core CI host (docs/reliability.md); this test's is shorter.
+#: 27 s to re-send on the 2-core CI host (docs/reliability.md); this test's is shorter.
 RESEND_TIMEOUT_S = 150.0
 
 
