@@ -8,24 +8,35 @@ PYTHON := $(VENV)/bin/python
 # .ci/run sets this after its own setup so `make test` does not repeat it.
 SETUP := $(if $(LLMTRACE_SETUP_DONE),,setup)
 
-.PHONY: setup setup-venv test lint demo stack-build stack-up
+.PHONY: setup setup-venv setup-demo test test-fast lint demo stack-build stack-up
 
-setup:  ## venv (pyproject + vLLM), Jaeger v2 and gateway collector from the Go proxy, chromium
+setup:  ## venv (pyproject + vLLM + dev tools), native core, Jaeger v2 and gateway collector, chromium
 	.ci/run setup
 
-setup-venv:  ## the Python venv only: all the demo needs
+setup-venv:  ## the full Python venv (pyproject + vLLM + dev tools) and the native core: no stack, no browser
 	.ci/run venv
+
+setup-demo:  ## only what the demo imports (torch, transformers, FastAPI, uvicorn, httpx): no vLLM, no dev tools
+	.ci/run venv-demo
 
 test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to-end tests
 	$(PYTHON) -m pytest -q
 
-lint: $(SETUP)  ## ruff on src and tests, mypy strict on src, the import-layer contracts
+demo: $(if $(LLMTRACE_SETUP_DONE),,setup-demo)  ## reference server under load, traced, then the analysis
+	$(VENV)/bin/llmtrace demo
+
+# The inner loop: the venv only (no Go stack, no chromium).
+VENV_ONLY := $(if $(LLMTRACE_SETUP_DONE),,setup-venv)
+FAST_TESTS := not stack and not vllm and not browser and not slow
+
+test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser or the slow scenarios (markers: pyproject.toml)
+	$(PYTHON) -m pytest -q -m "$(FAST_TESTS)"
+
+lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports
-
-demo: $(if $(LLMTRACE_SETUP_DONE),,setup-venv)  ## reference server under load, traced, then the analysis
-	$(VENV)/bin/llmtrace demo
+	$(VENV)/bin/codespell
 
 # scripts/stack.py needs only the standard library and Go (for the first build): no venv.
 stack-build:  ## build and cache the Go binaries of the local stack

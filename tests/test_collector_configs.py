@@ -45,7 +45,8 @@ ENV_REF = re.compile(r"\$\{env:([A-Z0-9_]+)(:-([^}]*))?\}")
 
 
 def _load(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(path.read_text())
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+    return loaded
 
 
 def _component_types(config: dict[str, Any]) -> dict[str, set[str]]:
@@ -139,7 +140,7 @@ def test_every_env_reference_has_a_default(config: Path) -> None:
 
 def test_every_variable_the_test_stack_sets_exists_in_the_configs() -> None:
     """A misspelt override would silently do nothing; every name the tests set must be in a file."""
-    stack_source = (REPO_ROOT / "tests" / "stack" / "stack.py").read_text()
+    stack_source = (REPO_ROOT / "scripts" / "otel_stack" / "stack.py").read_text()
     tests_source = (REPO_ROOT / "tests" / "test_e2e_jaeger.py").read_text()
     pattern = r'"(LLMTRACE_(?:COLLECTOR|JAEGER|GATEWAY)_[A-Z0-9_]+)"'
     set_names = set(re.findall(pattern, stack_source + tests_source))

@@ -1,7 +1,7 @@
 """End to end: an app calls ``llmtrace.instrument()``, spans go over OTLP (gRPC, HTTP protobuf and
 HTTP JSON) through the shipped collector config into Jaeger, and come back through ``/api/v3/traces``.
 
-The stack is real (tests/stack): the Jaeger v2 binary built from the Go module proxy,
+The stack is real (scripts/otel_stack, run by tests/stack): the Jaeger v2 binary built from the Go module proxy,
 running collector/otel-collector.yaml and collector/jaeger.yaml on free loopback ports.
 """
 

@@ -8,6 +8,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +16,7 @@ from opentelemetry import metrics as otel_metrics
 
 from llmtrace import _runtime
 from llmtrace._otel import providers as otel_providers
-from llmtrace._safety import add_error_listener
+from llmtrace._safety import add_error_listener, remove_error_listener
 from llmtrace._version import __version__
 from llmtrace.config import Settings, resolve
 from llmtrace.integrations import _hooks
@@ -27,6 +28,9 @@ _lock = threading.Lock()
 _handle: Instrumentation | None = None
 _providers: otel_providers.Providers | None = None
 _atexit_registered = False
+#: The runtime's error counter, listening to internal errors while that runtime is installed:
+#: replaced (not added to) by each instrument(), also in a forked child; removed by shutdown().
+_error_listener: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -100,8 +104,7 @@ def instrument(**options: Any) -> Instrumentation:
         from llmtrace.lifecycle.metrics import ServingMetrics
 
         serving = ServingMetrics(meter, _providers.drops, _providers.histograms) if settings.metrics else None
-        if serving is not None:
-            add_error_listener(serving.record_error)
+        _listen_for_errors(serving.record_error if serving is not None else None)
         http = HttpServerMetrics(meter, _providers.histograms) if settings.metrics else None
         rpc = RpcServerMetrics(meter, _providers.histograms) if settings.metrics else None
         _runtime.install(_runtime.Runtime(settings=settings, providers=_providers, metrics=serving,
@@ -115,6 +118,15 @@ def instrument(**options: Any) -> Instrumentation:
             atexit.register(_at_exit)
             _atexit_registered = True
         return _handle
+
+
+def _listen_for_errors(listener: Callable[[str], None] | None) -> None:
+    global _error_listener
+    if _error_listener is not None:
+        remove_error_listener(_error_listener)
+    _error_listener = listener
+    if listener is not None:
+        add_error_listener(listener)
 
 
 def _env_explicit() -> bool:
@@ -181,6 +193,7 @@ def shutdown(timeout_s: float = 5.0) -> bool:
             ok = otel_providers.shutdown(_providers, max(0.01, deadline - time.monotonic())) and ok
             _providers = None
         _runtime.reset()
+        _listen_for_errors(None)
     return ok
 
 

@@ -16,17 +16,18 @@ class IntegrationSpec:
     name: str
     trigger: str  # the module whose import activates it
     module: str  # the integration's module; it defines INSTRUMENTOR (an Instrumentor subclass)
+    distribution: str  # the package that provides the library (``llmtrace doctor`` reports its version)
 
 
 REGISTRY: tuple[IntegrationSpec, ...] = (
-    IntegrationSpec("tokenizers", "tokenizers", "llmtrace.integrations.tokenizers"),
-    IntegrationSpec("transformers", "transformers", "llmtrace.integrations.transformers"),
-    IntegrationSpec("torch", "torch", "llmtrace.integrations.torch"),
-    IntegrationSpec("fastapi", "fastapi", "llmtrace.integrations.fastapi"),
-    IntegrationSpec("starlette", "starlette.applications", "llmtrace.integrations.starlette"),
-    IntegrationSpec("aiohttp", "aiohttp.web", "llmtrace.integrations.aiohttp"),
-    IntegrationSpec("grpc", "grpc", "llmtrace.integrations.grpc"),
-    IntegrationSpec("vllm", "vllm", "llmtrace.integrations.vllm"),
+    IntegrationSpec("tokenizers", "tokenizers", "llmtrace.integrations.tokenizers", "tokenizers"),
+    IntegrationSpec("transformers", "transformers", "llmtrace.integrations.transformers", "transformers"),
+    IntegrationSpec("torch", "torch", "llmtrace.integrations.torch", "torch"),
+    IntegrationSpec("fastapi", "fastapi", "llmtrace.integrations.fastapi", "fastapi"),
+    IntegrationSpec("starlette", "starlette.applications", "llmtrace.integrations.starlette", "starlette"),
+    IntegrationSpec("aiohttp", "aiohttp.web", "llmtrace.integrations.aiohttp", "aiohttp"),
+    IntegrationSpec("grpc", "grpc", "llmtrace.integrations.grpc", "grpcio"),
+    IntegrationSpec("vllm", "vllm", "llmtrace.integrations.vllm", "vllm"),
 )
 
 NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)

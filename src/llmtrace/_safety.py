@@ -58,6 +58,11 @@ def add_error_listener(listener: Callable[[str], None]) -> None:
     _error_listeners.append(listener)
 
 
+def remove_error_listener(listener: Callable[[str], None]) -> None:
+    with contextlib.suppress(ValueError):  # already removed
+        _error_listeners.remove(listener)
+
+
 def guarded(site: str, default: Any = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate an llmtrace-internal function so that its exceptions are recorded and swallowed."""
 

@@ -26,4 +26,17 @@ class SourceError(LLMTraceError):
         self.source = source
         self.position = position
         where = f"{source}:{position}" if position else source
-        super().__init__(f"{where}: {message}")
+        super().__init__(one_line(f"{where}: {message}"))
+
+
+#: An error message is cut here: it quotes what it could not read, which may be anything.
+MAX_MESSAGE_CHARS = 1000
+
+
+def one_line(text: str) -> str:
+    """*text* as one printable line: a message quoting a trace (an id, a service name) must not
+    break the line, nor carry terminal control or bidi-override characters."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                       for c in text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else f"{text[:MAX_MESSAGE_CHARS]}... ({len(text)} characters)"

@@ -212,6 +212,7 @@ METRIC_GPU_AVAILABLE: Final = "llmtrace.gpu.available"
 METRIC_DROPPED_SPANS: Final = "llmtrace.spans.dropped"
 METRIC_INSTRUMENTATION_ERRORS: Final = "llmtrace.instrumentation.errors"
 METRIC_OVERHEAD_CPU: Final = "llmtrace.overhead.cpu_time"
+METRIC_ENGINE_RESTARTS: Final = "llm.engine.restarts"  # counter by llm.engine.id: a supervisor restarted a dead engine
 LLMTRACE_WORKER: Final = "llmtrace.worker"  # span_builder | exporter on METRIC_OVERHEAD_CPU
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"  # input | output on METRIC_TOKEN_USAGE
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from llmtrace.analysis.anomalies import bucket_of, find_anomalies
@@ -9,7 +11,7 @@ from llmtrace.analysis.bottleneck import Bottleneck, Features, diagnose
 from llmtrace.analysis.build import build_traceset
 from tests.analysis.builders import request_trace
 
-BASE = dict(
+BASE: dict[str, Any] = dict(
     busy_ratio=0.5,
     idle_with_work_ratio=0.0,
     host_cause_share={},
@@ -37,7 +39,7 @@ BASE = dict(
         ({}, Bottleneck.NONE),
     ],
 )
-def test_each_class_is_chosen_from_its_evidence(over: dict, expected: Bottleneck) -> None:  # type: ignore[type-arg]
+def test_each_class_is_chosen_from_its_evidence(over: dict[str, Any], expected: Bottleneck) -> None:
     """The class with the strongest evidence wins; weak evidence everywhere is 'none'."""
     d = diagnose(Features(**{**BASE, **over}))
     assert expected == d.cls

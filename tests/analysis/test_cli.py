@@ -247,7 +247,7 @@ def test_non_finite_and_huge_numbers_read_as_absent(tmp_path: Path, capsys: pyte
     error. Such values are not measurements: they read as absent and the analysis completes."""
     from tests.analysis.test_sources import doc, otlp_span
 
-    def attrs(**values: dict[str, object]) -> list[dict[str, object]]:
+    def attrs(**values: object) -> list[dict[str, object]]:
         return [{"key": k, "value": v} for k, v in values.items()]
 
     request = otlp_span(

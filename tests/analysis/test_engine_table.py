@@ -63,7 +63,7 @@ def write_spans(path: Path, spans: list[Span], rng: random.Random | None = None)
     while i < len(spans):
         chunk = spans[i : i + rng.randint(1, 12)]
         i += len(chunk)
-        resource_spans = []
+        resource_spans: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         for s in chunk:
             res = {"service.name": s.service, **s.resource}
             if not resource_spans or resource_spans[-1][0] != res:
@@ -137,7 +137,7 @@ def _busy_engine(rng: random.Random) -> list[Span]:
     pool = [f"{rng.getrandbits(64):016x}" for _ in range(6)]
     attrs = []
     for i in range(n):
-        a: dict[str, Any] = {
+        step: dict[str, Any] = {
             sc.LLM_STEP_ID: i + rng.choice([0, 0, 0, 5]),
             sc.LLM_BATCH_SIZE: rng.choice([0, 1, 2, 3.0]),
             sc.LLM_QUEUE_WAITING: rng.choice([0, 0, 1, 4]),
@@ -145,11 +145,11 @@ def _busy_engine(rng: random.Random) -> list[Span]:
             sc.LLM_PREEMPTED: rng.choice([0, 0, 0, 1]),
         }
         if rng.random() < 0.8:
-            a[sc.LLM_KV_CACHE_USAGE] = rng.choice([0.1, 0.5, 0.93, 1])
+            step[sc.LLM_KV_CACHE_USAGE] = rng.choice([0.1, 0.5, 0.93, 1])
         if rng.random() < 0.3:
-            a[sc.LLM_BATCH_REQUEST_IDS] = tuple(rng.sample([*pool[:3], 7, 7.0, True, "r-1"], rng.randint(1, 3)))
-        attrs.append(a)
-    spans = engine_window("dp0", steps, per_step_attrs=attrs, gc=[(1.0, 1.5)] if rng.random() < 0.5 else ())
+            step[sc.LLM_BATCH_REQUEST_IDS] = tuple(rng.sample([*pool[:3], 7, 7.0, True, "r-1"], rng.randint(1, 3)))
+        attrs.append(step)
+    spans = engine_window("dp0", steps, per_step_attrs=attrs, gc=[(1.0, 1.5)] if rng.random() < 0.5 else None)
     out = []
     for s in spans:
         if s.name == sc.SPAN_STEP and rng.random() < 0.8:
@@ -271,9 +271,9 @@ def test_filters_take_the_table_spans_back(tmp_path: Path) -> None:
     for kwargs in ({"services": ["engine"]}, {"since_ns": spans[0].start_ns - 1}):
         table = new_engine_table()
         assert table is not None
-        loaded = load_spans(str(path), table=table, **kwargs)  # type: ignore[arg-type]
+        loaded = load_spans(str(path), table=table, **kwargs)
         assert len(table) == 0
-        assert loaded.spans == load_spans(str(path), **kwargs).spans  # type: ignore[arg-type]
+        assert loaded.spans == load_spans(str(path), **kwargs).spans
 
 
 def test_compiled_steps_behave_as_a_tuple(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from llmtrace import semconv as sc
 from llmtrace.analysis import gpu_idle
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.gpu_idle import engine_idle
+from llmtrace.analysis.model import Span
 from tests.analysis.builders import T0, engine_window, random_engine, request_trace, span
 
 COMPILED = gpu_idle._compiled_classify_gaps()
@@ -31,7 +32,7 @@ def sweeps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 STEPS = [(10.0 * i, 10.0 * i + 1, 10.0 * i + 9, 10.0 * i + 10) for i in range(10)]
 
 
-def _idle(spans: list, engine: str = "dp0"):  # type: ignore[no-untyped-def]
+def _idle(spans: list[Span], engine: str = "dp0"):  # type: ignore[no-untyped-def]
     ts = build_traceset(spans)
     return engine_idle(ts.engines[engine], ts.requests, ts.tokenize)
 

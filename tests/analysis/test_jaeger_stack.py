@@ -1,4 +1,4 @@
-"""The Jaeger source against the real collector + Jaeger test stack (tests/stack).
+"""The Jaeger source against the real collector + Jaeger test stack (scripts/otel_stack).
 
 Simulated llmtrace traces are exported over OTLP/HTTP into the collector, read back
 from Jaeger's /api/v3/traces by :class:`JaegerSource` with a small limit (so windows are

@@ -93,7 +93,7 @@ def test_enum_names_and_base64_ids_are_accepted(tmp_path: Path) -> None:
 def test_metrics_lines_are_expected_and_skipped_quietly(tmp_path: Path) -> None:
     """llmtrace writes its metrics into the trace file: a resourceMetrics line is skipped and
     counted, without a warning."""
-    metrics = {"resourceMetrics": [{"resource": {}, "scopeMetrics": []}]}
+    metrics: dict[str, Any] = {"resourceMetrics": [{"resource": {}, "scopeMetrics": []}]}
     path = write_lines(tmp_path / "t.jsonl", [metrics, doc(otlp_span()), metrics])
     loaded = load_spans(path)
     stats = ReadStats()
@@ -104,7 +104,7 @@ def test_metrics_lines_are_expected_and_skipped_quietly(tmp_path: Path) -> None:
 def test_logs_lines_are_skipped_with_a_warning(tmp_path: Path) -> None:
     """A resourceLogs line (a collector file exporter shared with a logs pipeline) is skipped,
     not an error, and the warning counts it."""
-    logs = {"resourceLogs": [{"resource": {}, "scopeLogs": []}]}
+    logs: dict[str, Any] = {"resourceLogs": [{"resource": {}, "scopeLogs": []}]}
     loaded = load_spans(write_lines(tmp_path / "t.jsonl", [logs, doc(otlp_span())]))
     assert 1 == len(loaded.spans)
     assert ["skipped 1 logs document(s)"] == [w.split(": ", 1)[1] for w in loaded.warnings]

@@ -7,7 +7,7 @@ provider (which can be set only once).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +70,12 @@ def captured() -> Iterator[Captured]:
     _runtime.reset()
 
 
+#: ``runtime_with(**options)`` installs a runtime resolved from *options* (the fixture below).
+InstallRuntime = Callable[..., Captured]
+
+
 @pytest.fixture
-def runtime_with() -> Iterator[Any]:
+def runtime_with() -> Iterator[InstallRuntime]:
     yield install_runtime
     BUILDER.flush(10)
     _runtime.reset()

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llmtrace.config import OPTIONS, ConfigError, _choice, markdown_table, resolve
+from llmtrace.config import OPTIONS, _choice, markdown_table, resolve
+from llmtrace.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 
 from llmtrace import EngineTracer, semconv
-from tests.core.conftest import Captured
+from tests.core.conftest import Captured, InstallRuntime
 
 
 def _run_steps(engine: EngineTracer, ids: list[str], steps: int) -> None:
@@ -21,17 +22,18 @@ def _run_steps(engine: EngineTracer, ids: list[str], steps: int) -> None:
             step.tokens()
 
 
-def test_windows_close_after_n_steps_and_hold_their_steps(runtime_with: object) -> None:
+def test_windows_close_after_n_steps_and_hold_their_steps(runtime_with: InstallRuntime) -> None:
     """engine_window_steps=4 and 10 steps: windows of 4, 4 and 2 steps, each step under its window."""
-    captured: Captured = runtime_with(engine_window_steps=4, engine_window_s=3600)  # type: ignore[operator]
+    captured = runtime_with(engine_window_steps=4, engine_window_s=3600)
     engine = EngineTracer("dp0")
     engine.tracker.add("a")
     _run_steps(engine, ["a"], 10)
     engine.flush_window()
     windows = captured.named(semconv.SPAN_ENGINE)
     steps = captured.named(semconv.SPAN_STEP)
-    assert [4, 4, 2] == sorted((w.attributes[semconv.LLM_ENGINE_WINDOW_STEPS] for w in windows), reverse=True)
-    assert list(range(10)) == sorted(s.attributes[semconv.LLM_STEP_ID] for s in steps)
+    window_steps = [w.attributes[semconv.LLM_ENGINE_WINDOW_STEPS] for w in windows]
+    assert [4, 4, 2] == sorted(window_steps, reverse=True)  # type: ignore[type-var]  # ints: the SDK types them AnyValue
+    assert list(range(10)) == sorted(s.attributes[semconv.LLM_STEP_ID] for s in steps)  # type: ignore[type-var]
     window_ids = {w.context.span_id for w in windows}
     assert all(s.parent.span_id in window_ids for s in steps)
     assert all("dp0" == s.attributes[semconv.LLM_ENGINE_ID] for s in steps)
@@ -39,9 +41,9 @@ def test_windows_close_after_n_steps_and_hold_their_steps(runtime_with: object) 
     assert 10 == len(forwards) and all("dp0" == f.attributes[semconv.LLM_ENGINE_ID] for f in forwards)
 
 
-def test_step_links_point_at_the_requests_and_are_capped(runtime_with: object) -> None:
+def test_step_links_point_at_the_requests_and_are_capped(runtime_with: InstallRuntime) -> None:
     """Each step links to its requests' spans, at most max_links of them; batch size stays exact."""
-    captured: Captured = runtime_with(max_links=2)  # type: ignore[operator]
+    captured = runtime_with(max_links=2)
     engine = EngineTracer("dp1")
     ids = ["r0", "r1", "r2"]
     for rid in ids:
@@ -59,9 +61,9 @@ def test_step_links_point_at_the_requests_and_are_capped(runtime_with: object) -
         assert 0 == link.attributes[semconv.LLM_STEP_ID]
 
 
-def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: object) -> None:
+def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: InstallRuntime) -> None:
     """engine_sample_ratio=0: no llm.engine/llm.step spans; the batch-size histogram still counts steps."""
-    captured: Captured = runtime_with(engine_sample_ratio=0.0, engine_window_steps=2)  # type: ignore[operator]
+    captured = runtime_with(engine_sample_ratio=0.0, engine_window_steps=2)
     engine = EngineTracer("dp2")
     engine.tracker.add("a")
     _run_steps(engine, ["a"], 4)
@@ -72,9 +74,9 @@ def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: object) 
     assert 4 == batch.count
 
 
-def test_sampled_window_keeps_every_step(runtime_with: object) -> None:
+def test_sampled_window_keeps_every_step(runtime_with: InstallRuntime) -> None:
     """With request sampling at 0, engine windows (sampled by their own ratio) are still whole."""
-    captured: Captured = runtime_with(sample_ratio=0.0, engine_sample_ratio=1.0,  # type: ignore[operator]
+    captured = runtime_with(sample_ratio=0.0, engine_sample_ratio=1.0,
                                       engine_window_steps=5)
     engine = EngineTracer("dp3")
     engine.tracker.add("a")
@@ -83,9 +85,9 @@ def test_sampled_window_keeps_every_step(runtime_with: object) -> None:
     assert [] == captured.named(semconv.SPAN_REQUEST)
 
 
-def test_gc_pause_inside_a_window_becomes_an_llm_gc_span(runtime_with: object) -> None:
+def test_gc_pause_inside_a_window_becomes_an_llm_gc_span(runtime_with: InstallRuntime) -> None:
     """A collection while a window is open is recorded as llm.gc under llm.engine."""
-    captured: Captured = runtime_with(engine_window_steps=100)  # type: ignore[operator]
+    captured = runtime_with(engine_window_steps=100)
     engine = EngineTracer("dp4")
     engine.tracker.add("a")
     _run_steps(engine, ["a"], 1)
@@ -183,17 +185,19 @@ def test_no_cuda_no_forward_timer(captured: Captured) -> None:
     assert semconv.LLM_FORWARD_GPU_TIME_S not in forward.attributes
 
 
-def test_idle_engine_closes_an_old_window(runtime_with: object) -> None:
-    """idle() exports a window past its age at once; a young window stays open."""
-    import time
-
-    captured: Captured = runtime_with(engine_window_s=0.05, engine_window_steps=1000)  # type: ignore[operator]
+def test_idle_engine_closes_an_old_window(runtime_with: InstallRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """idle() exports a window that has reached its age at once; a younger window stays open.
+    The engine's clock is stepped by hand: the window's age is the point, not real time."""
+    clock = [time.monotonic_ns()]
+    monkeypatch.setattr("llmtrace.lifecycle.engine.monotonic_ns", lambda: clock[0])
+    captured = runtime_with(engine_window_s=0.05, engine_window_steps=1000)
     engine = EngineTracer("dp9")
     engine.tracker.add("a")
     _run_steps(engine, ["a"], 2)
+    clock[0] += 49_999_999
     engine.idle()
     assert [] == captured.named(semconv.SPAN_ENGINE)
-    time.sleep(0.06)
+    clock[0] += 1
     engine.idle()
     assert 1 == len(captured.named(semconv.SPAN_ENGINE))
 
@@ -224,7 +228,7 @@ def test_marks_record_the_same_phases_as_with_blocks(captured: Captured) -> None
     assert {semconv.SPAN_SCHEDULE, semconv.SPAN_SAMPLE, semconv.SPAN_POSTPROCESS} <= names
 
 
-def test_mark_none_ends_a_phase_without_starting_another(runtime_with: object) -> None:
+def test_mark_none_ends_a_phase_without_starting_another(runtime_with: InstallRuntime) -> None:
     engine = EngineTracer("dp10")
     step = engine.begin_step()
     step.mark("schedule")
@@ -259,7 +263,7 @@ def test_batch_and_tokens_skip_unknown_and_finished_requests(captured: Captured,
     assert any("never saw" in r.getMessage() for r in caplog.records)
 
 
-def test_output_tokens_count_events_and_multi_token_events(runtime_with: object) -> None:
+def test_output_tokens_count_events_and_multi_token_events(runtime_with: InstallRuntime) -> None:
     """One per token event, n for an event of n tokens; the adapter's final count wins."""
     engine = EngineTracer("dp12")
     handle = engine.tracker.add("a")
@@ -272,7 +276,7 @@ def test_output_tokens_count_events_and_multi_token_events(runtime_with: object)
     assert 9 == handle.output_tokens
 
 
-def test_a_preempted_request_is_scheduled_again_by_the_next_step(runtime_with: object) -> None:
+def test_a_preempted_request_is_scheduled_again_by_the_next_step(runtime_with: InstallRuntime) -> None:
     """Each queue wait ends at the first step after it, not at later ones."""
     engine = EngineTracer("dp13")
     handle = engine.tracker.add("a")
@@ -296,7 +300,7 @@ def _step(engine: EngineTracer, ids: list[str], tokens: list[str] | None = None,
     return step.step_id
 
 
-def test_step_membership_follows_a_changing_batch(runtime_with: object) -> None:
+def test_step_membership_follows_a_changing_batch(runtime_with: InstallRuntime) -> None:
     """Known answers for each request's steps, token events and queue runs while the batch
     changes: requests joining and leaving, a preemption (also one undone within a single
     schedule, the batch unchanged), token events for part of a batch, and a request that
@@ -328,7 +332,7 @@ def test_step_membership_follows_a_changing_batch(runtime_with: object) -> None:
     assert (2, 7, 5) == (summary["first_step"], summary["last_step"], summary["decode_steps"])
 
 
-def test_a_second_batch_call_in_one_step_adds_its_requests(runtime_with: object) -> None:
+def test_a_second_batch_call_in_one_step_adds_its_requests(runtime_with: InstallRuntime) -> None:
     """batch() twice in a step (e.g. prefills and decodes reported apart): both sets are in
     the step and get its token; the next step has only its own batch."""
     engine = EngineTracer("dp15")

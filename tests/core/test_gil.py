@@ -11,8 +11,8 @@ def test_a_yield_once_per_interval_of_work(monkeypatch: pytest.MonkeyPatch) -> N
     """maybe() sleeps (releasing the GIL) only when an interval has passed since the last yield."""
     clock = [0]
     sleeps: list[float] = []
-    monkeypatch.setattr(_gil.time, "perf_counter_ns", lambda: clock[0])
-    monkeypatch.setattr(_gil.time, "sleep", sleeps.append)
+    monkeypatch.setattr("llmtrace._otel.gil.time.perf_counter_ns", lambda: clock[0])
+    monkeypatch.setattr("llmtrace._otel.gil.time.sleep", sleeps.append)
     pause = _gil.GilYield(interval_ns=1000)
     for now in (100, 900, 1000, 1500, 1999, 2000, 2001):
         clock[0] = now

@@ -112,3 +112,36 @@ def test_an_instance_id_from_otel_resource_attributes_wins(tmp_path: Path) -> No
     pids, found = _run_two_processes(tmp_path, {"OTEL_RESOURCE_ATTRIBUTES": "service.instance.id=replica-7"})
     assert {(str(pids["parent"]), "replica-7")} == found["parent"]
     assert {(str(pids["child"]), "replica-7")} == found["child"]
+
+
+_CYCLES = """
+import json, llmtrace
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from llmtrace import _safety
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))  # llmtrace joins the host's
+counts = [len(_safety._error_listeners)]
+for _ in range(3):
+    llmtrace.instrument(exporter="none", gpu="off")
+    counts.append(len(_safety._error_listeners))
+    llmtrace.uninstrument()
+llmtrace.instrument(exporter="none", gpu="off")
+_safety.record_error("test.cycles")
+errors = [point.value for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics
+          for metric in sm.metrics if metric.name == "llmtrace.instrumentation.errors"
+          for point in metric.data.data_points if point.attributes.get("site") == "test.cycles"]
+llmtrace.shutdown()
+counts.append(len(_safety._error_listeners))
+print(json.dumps({"listeners": counts, "errors": errors}))
+"""
+
+
+def test_instrument_cycles_keep_one_error_listener() -> None:
+    """instrument() / uninstrument() cycles keep exactly one error listener (the runtime's
+    error counter), so an internal error is counted once, not once per cycle; shutdown() removes it."""
+    out = subprocess.run([sys.executable, "-c", _CYCLES], capture_output=True, text=True, timeout=60, check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"listeners": [0, 1, 1, 1, 0], "errors": [1]} == found

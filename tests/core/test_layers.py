@@ -48,4 +48,4 @@ def test_an_unknown_attribute_of_the_root_is_an_attribute_error() -> None:
     import llmtrace
 
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
-        _ = llmtrace.nonexistent  # type: ignore[attr-defined]
+        _ = llmtrace.nonexistent

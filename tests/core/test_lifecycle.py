@@ -11,7 +11,7 @@ from opentelemetry.trace import StatusCode
 from llmtrace import RequestTracker, semconv, start_request
 from llmtrace.lifecycle.propagation import extract
 from llmtrace.lifecycle.stats import token_timing
-from tests.core.conftest import Captured
+from tests.core.conftest import Captured, InstallRuntime
 
 MS = 1_000_000
 
@@ -140,11 +140,11 @@ def test_serving_metrics_are_recorded_from_the_same_records(captured: Captured) 
     assert list(semconv.TTFT_BUCKETS) == list(ttft.explicit_bounds)
 
 
-def test_capture_content_is_off_by_default_and_truncates_when_on(runtime_with: object) -> None:
+def test_capture_content_is_off_by_default_and_truncates_when_on(runtime_with: InstallRuntime) -> None:
     """Prompt text is recorded only with capture_content=True, cut to capture_content_max_chars."""
-    captured = runtime_with()  # type: ignore[operator]
+    captured = runtime_with()
     start_request("quiet", prompt="secret prompt").finished(completion="secret answer")
-    captured = runtime_with(capture_content=True, capture_content_max_chars=6)  # type: ignore[operator]
+    captured = runtime_with(capture_content=True, capture_content_max_chars=6)
     start_request("loud", prompt="secret prompt").finished(completion="secret answer")
     (loud,) = captured.named(semconv.SPAN_REQUEST)
     assert "secret" == loud.attributes[semconv.GEN_AI_PROMPT]
@@ -164,7 +164,7 @@ def test_llmtraces_own_cpu_time_is_a_metric(captured: Captured) -> None:
 
     def builder_cpu() -> float:
         points = captured.metrics()[semconv.METRIC_OVERHEAD_CPU].data.data_points
-        return next(p.value for p in points if p.attributes[semconv.LLMTRACE_WORKER] == "span_builder")
+        return float(next(p.value for p in points if p.attributes[semconv.LLMTRACE_WORKER] == "span_builder"))
 
     before = builder_cpu()
     for i in range(50):

@@ -95,10 +95,10 @@ class RecordedBackend:
         return str(self._entry(handle)["uuid"])
 
     def name(self, handle: object) -> str:
-        return str(self.devices[handle[1]]["name"])  # type: ignore[index]
+        return str(self.devices[handle[1]]["name"])
 
     def mig_handles(self, handle: object) -> list[object]:
-        index = handle[1]  # type: ignore[index]
+        index = handle[1]
         return [("mig", index, slot) for slot in range(len(self.devices[index].get("mig", [])))]
 
     def mig_ids(self, mig_handle: object) -> MigIds:

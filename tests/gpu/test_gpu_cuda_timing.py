@@ -41,6 +41,7 @@ def test_without_torch_imported_everything_is_a_no_op_and_torch_stays_unimported
     assert {"token": True, "ready": [], "mem": {}, "in_use": False, "torch": False} == result
 
 
+@pytest.mark.slow
 def test_with_torch_imported_cuda_is_never_initialised() -> None:
     """torch imported but CUDA untouched: still no-ops, and torch.cuda stays uninitialised."""
     pytest.importorskip("torch")

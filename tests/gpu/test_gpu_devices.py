@@ -7,9 +7,9 @@ device model whose GPUs/MIG slots carry the UUIDs below.
 from __future__ import annotations
 
 import pytest
-from gpu_recorded import RecordedBackend, inventory
 
 from llmtrace.gpu.devices import parse_cuda_visible_devices, resolve_devices
+from tests.gpu.gpu_recorded import RecordedBackend, inventory
 
 UUIDS = [
     "GPU-8932f937-d72c-4106-c12f-20bd9faed9f6",

@@ -5,20 +5,20 @@
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import importlib.metadata
 import json
 import os
 import socket
-import types
 from collections.abc import Iterator
 
 import pytest
-from gpu_recorded import RecordedBackend
 
 from llmtrace.cli import main
 from llmtrace.cli._doctor import run_doctor
 from llmtrace.gpu.doctor import INTEGRATIONS, collect, render, resolve_endpoint
+from tests.gpu.gpu_recorded import RecordedBackend
 
 
 def _has_nvml_library() -> bool:
@@ -59,7 +59,7 @@ def test_json_shape_and_exit_status_with_a_reachable_collector(
 ) -> None:
     """--json prints one object with nvml/exporters/collector/integrations; exit 0 when the collector answers."""
     port = listener.getsockname()[1]
-    code = run_doctor(types.SimpleNamespace(json=True, endpoint=f"http://127.0.0.1:{port}"))
+    code = run_doctor(argparse.Namespace(json=True, endpoint=f"http://127.0.0.1:{port}"))
     report = json.loads(capsys.readouterr().out)
     assert 0 == code
     assert {"llmtrace", "nvml", "exporters", "collector", "integrations"} == set(report)
@@ -82,7 +82,7 @@ def test_human_report_on_this_cpu_machine_names_the_missing_library(
 ) -> None:
     """Text output says the NVML library is missing and why telemetry is off; exit 1 when
     nothing listens on the collector port."""
-    code = run_doctor(types.SimpleNamespace(json=False, endpoint=f"localhost:{_closed_port()}"))
+    code = run_doctor(argparse.Namespace(json=False, endpoint=f"localhost:{_closed_port()}"))
     text = capsys.readouterr().out
     assert 1 == code
     assert "NVML library:      NOT FOUND" in text

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gpu_recorded import RecordedBackend, inventory
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
@@ -23,6 +22,7 @@ from llmtrace.semconv import (
     HW_GPU_UUID,
     METRIC_GPU_AVAILABLE,
 )
+from tests.gpu.gpu_recorded import RecordedBackend, inventory
 
 
 def _collect(sampler: GpuSampler | None) -> dict[str, list[tuple[dict[str, Any], float]]]:

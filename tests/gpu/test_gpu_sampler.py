@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import pytest
-from gpu_recorded import FakeClock, RecordedBackend, load_recording
 
 from llmtrace.gpu.sampler import GpuSampler, SamplerState, split_energy_by_tokens
 from llmtrace.semconv import (
@@ -23,6 +22,7 @@ from llmtrace.semconv import (
     HW_GPU_POWER,
     HW_GPU_UTILIZATION,
 )
+from tests.gpu.gpu_recorded import FakeClock, RecordedBackend, load_recording
 
 STEP = 100_000_000
 
@@ -135,7 +135,7 @@ def test_unsupported_query_costs_no_further_calls() -> None:
 
         def power_mw(self, handle: object) -> int:
             Counting.power_calls += 1
-            return super().power_mw(handle)
+            return int(super().power_mw(handle))
 
     backend = Counting()
     backend.devices[0]["unsupported"] = ["power_mw"]

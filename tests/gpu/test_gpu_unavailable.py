@@ -13,11 +13,11 @@ import logging
 import sys
 
 import pytest
-from gpu_recorded import RecordedBackend, inventory
 
 import llmtrace.gpu._state as state_mod
 from llmtrace.gpu.backend import NvmlUnavailable, PynvmlBackend, Unavailable
 from llmtrace.gpu.sampler import GpuSampler, SamplerState, get_sampler, start_sampler, stop_sampler
+from tests.gpu.gpu_recorded import RecordedBackend, inventory
 
 
 def _has_nvml_library() -> bool:
@@ -94,7 +94,7 @@ def test_each_unavailable_case_is_named(
         for _ in range(3):
             sampler = GpuSampler(backend=backend, environ=env)
             assert not sampler.open()
-    assert reason == sampler.status().unavailable.value  # type: ignore[union-attr]
+    assert reason == sampler.status().unavailable.value
     assert [reason] == [r.getMessage().split("(")[1].split(")")[0] for r in caplog.records]
     assert [logging.INFO] == [r.levelno for r in caplog.records]
     assert backend.inits == backend.shutdowns  # NVML released when there is nothing to sample

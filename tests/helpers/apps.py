@@ -20,7 +20,7 @@ def token_streamer_class() -> Any:
             if self.skip_prompt and self.next_tokens_are_prompt:
                 self.next_tokens_are_prompt = False
                 return
-            self.on_finalized_text(self.tokenizer.decode(value.tolist()) or " ")
+            self.on_finalized_text(str(self.tokenizer.decode(value.tolist())) or " ")
 
     return TokenStreamer
 

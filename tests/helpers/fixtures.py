@@ -16,6 +16,14 @@ import llmtrace
 from llmtrace import testing
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _capture_providers() -> None:
+    """The process's OpenTelemetry providers are llmtrace.testing's from the first test on, so
+    every capture can read metrics whichever test ran first (the SDK allows one MeterProvider)."""
+    with testing.capture(instrument=False):
+        pass
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Any:
     from tests.helpers import tiny_models

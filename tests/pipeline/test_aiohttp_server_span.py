@@ -398,7 +398,8 @@ def test_call_inside_another_server_span_joins_it(capture_spans: Any) -> None:
     async def host_span(request: web.Request, handler: Any) -> web.StreamResponse:
         tracer = trace.get_tracer("host")
         with tracer.start_as_current_span("host " + request.path, kind=trace.SpanKind.SERVER):
-            return await handler(request)
+            response: web.StreamResponse = await handler(request)
+            return response
 
     with capture_spans() as captured:
         app = build_app()

@@ -193,8 +193,6 @@ def test_serving_metrics_are_exported(served: tuple[str, CapturedTelemetry]) -> 
         _stream(client, url + "/v1/stream", {"prompt": "hello", "max_tokens": 4})
     _wait_for(captured, semconv.SPAN_REQUEST, 1)
     points = captured.metrics()
-    if not points:
-        pytest.skip("another test installed the process's MeterProvider")
     for name in (semconv.METRIC_TTFT, semconv.METRIC_TPOT, semconv.METRIC_REQUEST_DURATION,
                  semconv.METRIC_TOKEN_USAGE):
         assert sum(point.count for point in points[name]) >= 1, name

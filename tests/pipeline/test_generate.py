@@ -183,6 +183,6 @@ def test_request_scope_survives_asyncio_to_thread_and_executors(tiny_model: Any,
         asyncio.run(handler())
         with trace.get_tracer("test").start_as_current_span("pool-handler"), ThreadPoolExecutor(1) as pool:
             ctx = contextvars.copy_context()
-            pool.submit(ctx.run, tiny_model.generate, **kwargs).result()
+            pool.submit(lambda: ctx.run(tiny_model.generate, **kwargs)).result()
     for parent in ("async-handler", "pool-handler"):
         assert 1 == len(captured.children(captured.one(parent), semconv.SPAN_REQUEST)), parent

@@ -30,6 +30,7 @@ def _scenario(order: str) -> dict[str, Any]:
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order", ["before", "after", "between"])
 def test_instrument_before_or_after_import_patches_everything(order: str) -> None:
     """instrument() before or after the libraries are imported: every target patched; uninstrument

@@ -1,4 +1,4 @@
-"""The FastAPI + generate() request trace, checked in the real Jaeger (collector -> Jaeger, tests/stack)."""
+"""The FastAPI + generate() request trace, checked in the real Jaeger (collector -> Jaeger, scripts/otel_stack)."""
 
 from __future__ import annotations
 

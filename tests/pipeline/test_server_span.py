@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -419,7 +419,7 @@ def test_client_gone_at_the_last_message_ends_deferred_requests_as_abort(capture
         await asyncio.sleep(3600)
         return {"type": "http.disconnect"}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.body" and not message.get("more_body", False):
             raise ConnectionResetError("the client is gone")
 

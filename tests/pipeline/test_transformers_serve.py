@@ -45,9 +45,13 @@ def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: A
         # code); keep hold of it to close it here, or it is reported unclosed in a later test.
         loops: list[asyncio.AbstractEventLoop] = []
         new_event_loop = asyncio.new_event_loop
-        monkeypatch.setattr(asyncio, "new_event_loop", lambda: loops.append(new_event_loop()) or loops[-1])
+        def kept_event_loop() -> asyncio.AbstractEventLoop:
+            loops.append(new_event_loop())
+            return loops[-1]
+
+        monkeypatch.setattr(asyncio, "new_event_loop", kept_event_loop)
         port = servers.free_port()
-        cb_options = {"cb_block_size": 16, "cb_num_blocks": 32} if request.param else {}
+        cb_options: dict[str, Any] = {"cb_block_size": 16, "cb_num_blocks": 32} if request.param else {}
         server = Serve(force_model=model_dir, continuous_batching=request.param, device="cpu", host="127.0.0.1",
                        port=port, non_blocking=True, **cb_options)
         url = f"http://127.0.0.1:{port}"
@@ -75,7 +79,7 @@ def served(request: pytest.FixtureRequest, capture_spans: Any, tiny_tokenizer: A
 
 
 def _is_request(span: Any) -> bool:
-    return span.name == semconv.SPAN_REQUEST
+    return bool(span.name == semconv.SPAN_REQUEST)
 
 
 def test_completions_are_traced_from_the_server_span_down(served: tuple[str, str, CapturedTelemetry]) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 
 import httpx
 
@@ -65,9 +66,12 @@ def main() -> None:
     import llmtrace
 
     if args.engine_clock_skew_ns:
-        # Read by llmtrace's clock at import: this process imported it already, the
-        # engine process (spawned later, inheriting the environment) has not.
-        os.environ["LLMTRACE_TEST_CLOCK_SKEW_NS"] = str(args.engine_clock_skew_ns)
+        # This process has started (its clock stays true); the engine process, spawned later
+        # with this environment, runs skewed_clock/sitecustomize.py first.
+        site = str(Path(__file__).with_name("skewed_clock"))
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")]))
+        os.environ["SKEWED_CLOCK_NS"] = str(args.engine_clock_skew_ns)
+        os.environ["SKEWED_CLOCK_REPORT"] = skew_report = f"{args.out}.skewed-pids"
 
     llmtrace.instrument(exporter=args.exporter or f"file:{args.out}", service_name="ref-server-test")
     from llmtrace.server.app import create_app
@@ -76,6 +80,8 @@ def main() -> None:
     with ServerThread(create_app(json.loads(args.engine))) as base_url:
         result = asyncio.run(_load(base_url, args.clients, args.max_tokens, args.disconnects))
     llmtrace.shutdown(timeout_s=10)
+    if args.engine_clock_skew_ns:
+        result["skewed_pids"] = [int(pid) for pid in Path(skew_report).read_text().split()]
     print(json.dumps(result))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llmtrace.config import ConfigError
+from llmtrace.errors import ConfigError
 from llmtrace.server.demo import DemoExport, demo_export
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "reference_server.jsonl.gz"
@@ -65,6 +65,7 @@ def _roles(path: Path) -> set[str]:
 
 
 @pytest.mark.torch
+@pytest.mark.slow
 def test_a_demo_run_writes_to_the_llmtrace_exporter_file_and_analyses_this_run(tmp_path: Path) -> None:
     """LLMTRACE_EXPORTER=file:run.jsonl holding an earlier run: both demo processes append to it,
     the report covers this run's requests only, and it does not warn about the metrics lines

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 import llmtrace
@@ -117,22 +118,33 @@ def _rss_kib() -> int:
 
 
 def scenario_dead(tracer: trace.Tracer) -> dict[str, Any]:
-    """Serve "requests" (each: a request trace) for a few seconds; the endpoint is dead."""
+    """Serve "requests" (each: a request trace) for a few seconds; the endpoint is dead.
+
+    ``exports_on_request_thread`` counts exporter ``export`` calls entered on the serving
+    thread (a profile hook on this thread only): the request path must hand spans off,
+    never export, whatever the exporter is doing."""
     duration_s = float(os.environ.get("APP_DURATION_S", "6"))
-    served, latencies, rss = 0, [], []
+    served, rss, exports = 0, [], [0]
+
+    def on_call(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "export" \
+                and isinstance(frame.f_locals.get("self"), SpanExporter):
+            exports[0] += 1
+
     started = time.monotonic()
     next_sample = started
-    while time.monotonic() - started < duration_s:
-        t0 = time.perf_counter()
-        _request_trace(tracer, time.time_ns(), total_ms=5, ttft_s=0.001)
-        latencies.append(time.perf_counter() - t0)
-        served += 1
-        if time.monotonic() >= next_sample:
-            rss.append(_rss_kib())
-            next_sample += 0.5
-        time.sleep(0.0005)
-    latencies.sort()
-    return {"served": served, "rss_kib": rss, "p99_s": latencies[int(len(latencies) * 0.99)]}
+    sys.setprofile(on_call)
+    try:
+        while time.monotonic() - started < duration_s:
+            _request_trace(tracer, time.time_ns(), total_ms=5, ttft_s=0.001)
+            served += 1
+            if time.monotonic() >= next_sample:
+                rss.append(_rss_kib())
+                next_sample += 0.5
+            time.sleep(0.0005)
+    finally:
+        sys.setprofile(None)
+    return {"served": served, "rss_kib": rss, "exports_on_request_thread": exports[0]}
 
 
 SCENARIOS = {"request": scenario_request, "sampling": scenario_sampling, "lifecycle": scenario_lifecycle,

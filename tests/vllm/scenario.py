@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 #: A system prompt several blocks long that every --shared-prefix request starts with.
 SHARED_PREFIX = "you are a helpful assistant, answer briefly. "
@@ -41,7 +42,7 @@ def main() -> None:
     from tests.vllm.fake_executor import TOKEN_ID
     from vllm import LLM, SamplingParams
 
-    extra: dict[str, object] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    extra: dict[str, Any] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
     if args.otlp_traces_endpoint:
         extra["otlp_traces_endpoint"] = args.otlp_traces_endpoint
         extra["disable_log_stats"] = False  # vLLM's request spans are built from its stats (on in `vllm serve`)

@@ -66,7 +66,7 @@ def test_batch_info_splits_chunked_prefill_and_decode(scheduler: Any) -> None:
 def test_request_params_from_a_real_request(vllm_module: Any) -> None:
     """Sampling parameters and prompt length, read from vLLM's engine-side Request."""
     params = X.request_params(_request("r1", max_tokens=7))
-    assert X.RequestParams("r1", PROMPT_LEN, 7, 0.5, pytest.approx(0.9), False) == params
+    assert X.RequestParams("r1", PROMPT_LEN, 7, 0.5, pytest.approx(0.9), False) == params  # type: ignore[arg-type]
 
 
 def test_finish_reasons_of_vllm(vllm_module: Any) -> None:

@@ -77,7 +77,7 @@ def adjust_clock_skew(spans: list[Span]) -> list[Span]:
     kids: dict[str, list[Span]] = {}
     for s in spans:
         if s.parent_id in by_id:
-            kids.setdefault(s.parent_id, []).append(s)  # type: ignore[arg-type]
+            kids.setdefault(s.parent_id, []).append(s)
     out: dict[str, Span] = {}
     roots = [s for s in spans if s.parent_id not in by_id]
     stack: list[tuple[Span, int]] = [(r, 0) for r in roots]

@@ -325,7 +325,7 @@ def write_jsonl(path: str, cfg: SimConfig) -> int:
 
     n = 0
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "wt", encoding="utf-8") as fh:  # type: ignore[operator]
+    with opener(path, "wt", encoding="utf-8") as fh:
         for doc in simulate(cfg):
             n += len(doc["resourceSpans"][0]["scopeSpans"][0]["spans"])
             fh.write(json.dumps(doc, separators=(",", ":")) + "\n")

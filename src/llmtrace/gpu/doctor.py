@@ -19,25 +19,16 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from llmtrace._registry import REGISTRY
 from llmtrace.gpu._queries import QUERIES
 from llmtrace.gpu.backend import NvmlBackend, NvmlUnavailable, PynvmlBackend, QueryNotSupported
 from llmtrace.gpu.devices import resolve_devices
 
 __all__ = ["INTEGRATIONS", "collect", "probe_queries", "render", "resolve_endpoint"]
 
-INTEGRATIONS = (
-    "torch",
-    "transformers",
-    "tokenizers",
-    "vllm",
-    "fastapi",
-    "starlette",
-    "uvicorn",
-    "aiohttp",
-    "grpcio",
-    "opentelemetry-sdk",
-    "nvidia-ml-py",
-)
+#: The packages whose versions the doctor reports: every integration's library (from the
+#: registry), and what llmtrace itself runs on.
+INTEGRATIONS = (*(spec.distribution for spec in REGISTRY), "uvicorn", "opentelemetry-sdk", "nvidia-ml-py")
 #: TCP connect timeout for the collector check; a local collector answers in < 1 ms.
 CONNECT_TIMEOUT_S = 1.0
 GRPC_PORT = 4317

@@ -17,10 +17,6 @@ call or else of its start (``RequestHandle.wall_offset_ns``), an engine window t
 taken when it opened. Conversions without an explicit offset (live spans, converted
 as they end) re-measure when the timestamp is more than ``REFRESH_NS`` past the last
 measurement.
-
-``LLMTRACE_TEST_CLOCK_SKEW_NS`` shifts this process's monotonic readings by a
-constant; it exists only so that tests can prove the above (a process whose
-monotonic clock differs from its peer's must still produce aligned spans).
 """
 
 from __future__ import annotations
@@ -28,15 +24,7 @@ from __future__ import annotations
 import os
 import time
 
-_SKEW_NS = int(os.environ.get("LLMTRACE_TEST_CLOCK_SKEW_NS", "0") or 0)
-
-if _SKEW_NS:
-
-    def monotonic_ns() -> int:
-        return time.monotonic_ns() + _SKEW_NS
-
-else:
-    monotonic_ns = time.monotonic_ns
+monotonic_ns = time.monotonic_ns
 
 
 def _measure_offset() -> int:

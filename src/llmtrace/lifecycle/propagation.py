@@ -39,5 +39,11 @@ def extract(carrier: Mapping[str, str] | str | None) -> otel_context.Context:
     except Exception:  # noqa: BLE001 - a foreign carrier is untrusted input (not even a mapping, maybe)
         ctx = otel_context.Context()
     if not trace.get_current_span(ctx).get_span_context().is_valid:
-        warn_once("bad-carrier", "llmtrace: ignoring a malformed trace carrier %r", carrier)
+        warn_once("bad-carrier", "llmtrace: ignoring a malformed trace carrier %s", _short_repr(carrier))
     return ctx
+
+
+def _short_repr(value: object, limit: int = 200) -> str:
+    """A carrier for a log line: any size arrives from another process, one line goes out."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

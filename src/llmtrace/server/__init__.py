@@ -4,7 +4,12 @@ for two CPU cores. ``llmtrace demo`` drives it; tests and benchmarks use it as a
 
 Architecture::
 
-    HTTP client --SSE--> FastAPI front end (tokenize, llm.request) --queue--> engine process
-                         ^                                                    (scheduler, forward,
-                         +---------------- tokens, finish + durations <------  llm.engine windows)
+    HTTP client --SSE--> FastAPI front end (validate, tokenize, --queue--> engine process
+                         llm.request, stop sequences)                  (scheduler, forward,
+                         ^                                             llm.engine windows)
+                         +------- tokens, finish + durations <--pipe--
+                         supervisor: the pipe's end-of-file is the engine's death -> fail open
+                         requests, restart the engine (bounded, backed off, counted)
+
+See docs/architecture.md, "The reference server".
 """

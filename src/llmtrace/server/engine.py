@@ -2,11 +2,18 @@
 
 Messages (plain tuples over multiprocessing queues, like vLLM's EngineCore IPC):
 
-* in:  ``("add", {request_id, prompt_ids, max_tokens, temperature, top_p, carrier})``,
-  ``("abort", request_id)``, ``("stats", None)``, ``("shutdown", None)``
-* out: ``("outputs", [(request_id, token_id), ...], [(request_id, reason, summary), ...])`` once
-  per step (batched like vLLM's EngineCoreOutputs: one pickle and one pipe write per step),
-  ``("stats", dict)``, ``("ready", dict)``, ``("error", message)``
+* in (a queue):  ``("add", {request_id, prompt_ids, max_tokens, temperature, top_p, seed, carrier})``,
+  ``("abort", request_id)``, ``("finish", (request_id, reason))`` (the front end found a stop
+  sequence), ``("stats", None)``, ``("shutdown", None)``
+* out (a pipe whose only write end is here, so the API server reads this process's death as
+  end-of-file): ``("outputs", [(request_id, token_id), ...], [(request_id, reason, summary), ...])``
+  once per step (batched like vLLM's EngineCoreOutputs: one pickle and one pipe write per step),
+  ``("stats", dict)``, ``("ready", dict)``, ``("error", message)``, ``("stopped", None)``
+
+Nothing a request carries can stop this process: an ``add`` that does not describe a
+servable request fails that request alone (the front end checked it already; this is the
+second line), and an exception inside a step fails only the requests whose forward pass or
+sampling raised, found by running the batch's requests one by one.
 
 The W3C carrier of the API server's ``llm.request`` travels in the add message;
 the engine's queue/prefill/decode spans join that trace, and the durations go
@@ -30,6 +37,9 @@ log = logging.getLogger("llmtrace.server")
 
 #: The engine waits this long for work when idle, so that shutdown stays prompt.
 IDLE_POLL_S = 0.05
+#: Below this temperature a request is sampled greedily: dividing the logits by less overflows them.
+MIN_SAMPLING_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +56,14 @@ class EngineConfig:
     instrument_options: dict[str, Any] | None = None
     #: Artificial delay per forward, seconds: lets tests make steps slow enough to queue.
     forward_delay_s: float = 0.0
+    #: Fault injection for tests: a forward pass over a prompt holding this token id raises.
+    fail_on_token_id: int | None = None
 
 
 class ReferenceEngine:
     """Owns the model, the scheduler and the llmtrace engine timeline of one process."""
 
-    def __init__(self, config: EngineConfig, out_queue: Any) -> None:
+    def __init__(self, config: EngineConfig, outbox: Any) -> None:
         import torch
 
         from llmtrace.server.scheduler import Scheduler
@@ -60,7 +72,7 @@ class ReferenceEngine:
         torch.set_num_threads(1)  # two cores: more threads spin against the API server
         self.torch = torch
         self.config = config
-        self.out = out_queue
+        self.out = outbox
         self.model = build_gpt2(config.vocab_size, seed=config.seed, eos_token_id=config.eos_token_id).eval()
         self.scheduler = Scheduler(config.total_blocks, config.block_size, config.max_batch)
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -73,28 +85,65 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ messages
     def handle(self, kind: str, payload: Any) -> bool:
         """Apply one message; False means shut down."""
-        from llmtrace.server.scheduler import Sequence
-
         if kind == "add":
-            seq = Sequence(payload["request_id"], list(payload["prompt_ids"]), int(payload["max_tokens"]),
-                           float(payload.get("temperature") or 0.0), float(payload.get("top_p") or 1.0))
-            try:
-                self.scheduler.add(seq)
-            except ValueError as exc:
-                self.out.put(("outputs", [], [(seq.request_id, "error", {"error": str(exc)})]))
-                return True
-            self.sequences[seq.request_id] = seq
-            self.tracker.add(seq.request_id, carrier=payload.get("carrier"),
-                             prompt_tokens=len(seq.prompt_ids), max_tokens=seq.max_tokens)
+            self._add(payload)
         elif kind == "abort":
             if self.scheduler.remove(payload) is not None:
                 self.sequences.pop(payload, None)
                 self.tracker.aborted(payload)
+        elif kind == "finish":
+            request_id, reason = payload
+            seq = self.scheduler.remove(request_id)
+            if seq is not None:
+                self.sequences.pop(request_id, None)
+                summary = self.tracker.finished(request_id, reason, output_tokens=len(seq.output_ids))
+                self.out.send(("outputs", [], [(request_id, reason, summary)]))
         elif kind == "stats":
-            self.out.put(("stats", self.stats()))
+            self.out.send(("stats", self.stats()))
         elif kind == "shutdown":
             return False
+        else:
+            log.error("reference engine: unknown message %r (ignored)", kind)
         return True
+
+    def _add(self, payload: Any) -> None:
+        request_id = payload.get("request_id") if isinstance(payload, dict) else None
+        if not isinstance(request_id, str):
+            log.error("reference engine: an add message without a request id (ignored)")
+            return
+        try:
+            seq = self._sequence(request_id, payload)
+            self.scheduler.add(seq)
+        except (ValueError, TypeError, KeyError) as exc:
+            self.out.send(("outputs", [], [(request_id, "error", {"error": f"invalid request: {exc}",
+                                                                   "status": 400})]))
+            return
+        self.sequences[seq.request_id] = seq
+        self.tracker.add(seq.request_id, carrier=payload.get("carrier"),
+                         prompt_tokens=len(seq.prompt_ids), max_tokens=seq.max_tokens)
+
+    def _sequence(self, request_id: str, payload: dict[str, Any]) -> Any:
+        """The request as a scheduler Sequence; raises ValueError for anything the model cannot run."""
+        from llmtrace.server.scheduler import Sequence
+
+        ids, max_tokens = payload["prompt_ids"], payload["max_tokens"]
+        if not isinstance(ids, list | tuple) or not ids or not all(
+                isinstance(t, int) and 0 <= t < self.config.vocab_size for t in ids):
+            raise ValueError(f"prompt_ids must be a non-empty list of token ids below {self.config.vocab_size}")
+        if not isinstance(max_tokens, int) or max_tokens < 1 or len(ids) + max_tokens > self.config.max_model_len:
+            raise ValueError(f"max_tokens must be an integer >= 1 that fits the context of "
+                             f"{self.config.max_model_len} tokens with the prompt's {len(ids)}")
+        temperature, top_p, seed = payload.get("temperature", 0.0), payload.get("top_p", 1.0), payload.get("seed")
+        if not isinstance(temperature, int | float) or not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE}]")
+        if not isinstance(top_p, int | float) or not 0.0 <= top_p <= 1.0:
+            raise ValueError("top_p must be a number in [0, 1]")
+        if seed is not None and not isinstance(seed, int):
+            raise ValueError("seed must be an integer")
+        generator = None
+        if seed is not None:  # the request's own random stream: the same seed samples the same tokens
+            generator = self.torch.Generator().manual_seed(seed % 2**64)
+        return Sequence(request_id, list(ids), max_tokens, float(temperature), float(top_p), generator=generator)
 
     def stats(self) -> dict[str, Any]:
         import llmtrace
@@ -106,29 +155,72 @@ class ReferenceEngine:
     # ------------------------------------------------------------------ one step
     def step(self) -> None:
         step = self.engine.begin_step()
+        try:
+            self._step(step)
+        finally:
+            self.engine.end_step(step)
+
+    def _step(self, step: Any) -> None:
         # step.mark(): one call per phase boundary, the cheapest way to time the phases.
         step.mark("schedule")
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self.tracker.preempted(seq.request_id)
         if not plan.batch:
-            self.engine.end_step(step)
             return
         ids = [seq.request_id for seq in plan.batch]
         step.batch(ids, prefill_tokens=plan.prefill_tokens, decode_tokens=plan.decode_tokens,
                    waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
                    kv_cache_usage=self.scheduler.kv_cache_usage, preempted=len(plan.preempted))
         step.mark("forward")
-        logits = self._forward(plan.batch)
-        step.mark("sample")
-        tokens = self._sample(plan.batch, logits)
+        batch = plan.batch
+        try:
+            logits = self._forward(batch)
+            step.mark("sample")
+            tokens = self._sample(batch, logits)
+        except Exception as exc:  # noqa: BLE001 - find the request(s) it came from; the rest go on
+            batch, tokens = self._isolate(batch, exc)
         step.tokens()  # one token for every request in the batch
         step.mark("postprocess")
-        self._postprocess(plan.batch, tokens)
-        self.engine.end_step(step)
+        self._postprocess(batch, tokens)
+
+    def _isolate(self, batch: list[Any], batch_error: Exception) -> tuple[list[Any], list[int]]:
+        """The batch's forward or sampling raised: run each request alone, fail those that raise again."""
+        log.error("reference engine: a step of %d requests raised %r; running them one by one", len(batch),
+                  batch_error)
+        survivors, tokens = [], []
+        for seq in batch:
+            try:
+                tokens.append(self._sample([seq], self._forward([seq]))[0])
+                survivors.append(seq)
+            except Exception as exc:
+                log.exception("reference engine: request %s failed", seq.request_id)
+                self.fail(seq.request_id, exc)
+        return survivors, tokens
+
+    def fail(self, request_id: str, error: BaseException) -> None:
+        """End one request as an error (its span ERROR) and tell the front end (a 500 for it)."""
+        self.scheduler.remove(request_id)
+        self.sequences.pop(request_id, None)
+        summary = self.tracker.aborted(request_id, error=error)
+        summary.update(error=f"engine error: {type(error).__name__}: {error}", status=500)
+        self.out.send(("outputs", [], [(request_id, "error", summary)]))
+
+    def fail_all(self, error: BaseException) -> None:
+        """A step failed outside forward and sampling: its scheduler state cannot be trusted, so every
+        open request fails and the engine starts over with a fresh scheduler (the process lives on)."""
+        from llmtrace.server.scheduler import Scheduler
+
+        log.exception("reference engine: a step failed; failing its %d open requests", len(self.sequences))
+        for request_id in list(self.sequences):
+            self.fail(request_id, error)
+        self.scheduler = Scheduler(self.config.total_blocks, self.config.block_size, self.config.max_batch)
 
     def _forward(self, batch: list[Any]) -> Any:
         torch = self.torch
+        if self.config.fail_on_token_id is not None and any(self.config.fail_on_token_id in seq.prompt_ids
+                                                            for seq in batch):
+            raise RuntimeError(f"injected fault: token {self.config.fail_on_token_id} in the batch")
         longest = max(seq.length for seq in batch)
         input_ids = torch.zeros((len(batch), longest), dtype=torch.long)
         mask = torch.zeros((len(batch), longest), dtype=torch.long)
@@ -145,10 +237,11 @@ class ReferenceEngine:
         return out.logits[:, -1, :]
 
     def _sample(self, batch: list[Any], logits: Any) -> list[int]:
-        """Greedy for temperature 0, else temperature + top-p (nucleus) sampling, batched."""
+        """Greedy for temperature 0, else temperature + top-p (nucleus) sampling, batched; a request
+        with a seed draws from its own generator, so its tokens do not depend on its batch-mates."""
         torch = self.torch
         tokens = logits.argmax(dim=-1)
-        rows = [i for i, seq in enumerate(batch) if seq.temperature > 0]
+        rows = [i for i, seq in enumerate(batch) if seq.temperature >= MIN_SAMPLING_TEMPERATURE]
         if rows:
             index = torch.tensor(rows)
             temps = torch.tensor([batch[i].temperature for i in rows]).unsqueeze(1)
@@ -156,8 +249,15 @@ class ReferenceEngine:
             probs = torch.softmax(logits[index] / temps, dim=-1)
             sorted_probs, order = probs.sort(dim=-1, descending=True)
             outside = sorted_probs.cumsum(-1) - sorted_probs >= top_p  # beyond the nucleus
+            outside[:, 0] = False  # the most likely token is always in it (top_p 0 is greedy)
             sorted_probs[outside] = 0.0
-            choice = torch.multinomial(sorted_probs, 1, generator=self.generator)
+            choice = torch.empty((len(rows), 1), dtype=torch.long)
+            shared = [k for k, i in enumerate(rows) if batch[i].generator is None]
+            if shared:
+                choice[shared] = torch.multinomial(sorted_probs[shared], 1, generator=self.generator)
+            for k, i in enumerate(rows):
+                if batch[i].generator is not None:
+                    choice[k] = torch.multinomial(sorted_probs[k], 1, generator=batch[i].generator)
             tokens[index] = order.gather(-1, choice).squeeze(1)
         return [int(t) for t in tokens.tolist()]
 
@@ -178,40 +278,34 @@ class ReferenceEngine:
                 self.sequences.pop(seq.request_id, None)
                 summary = self.tracker.finished(seq.request_id, reason, output_tokens=len(seq.output_ids))
                 finished.append((seq.request_id, reason, summary))
-        self.out.put(("outputs", emitted, finished))
+        self.out.send(("outputs", emitted, finished))
 
     @property
     def has_work(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
 
 
-def run_engine(config: EngineConfig, in_queue: Any, out_queue: Any) -> None:
-    """The engine process's main function."""
+def run_engine(config: EngineConfig, in_queue: Any, outbox: Any) -> None:
+    """The engine process's main function; *outbox* is the write end of a pipe to the API server."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s engine %(levelname)s %(message)s")
     if config.instrument_options is not None:
         import llmtrace
 
         llmtrace.instrument(**{**config.instrument_options, "process_role": "engine"})
     try:
-        engine = ReferenceEngine(config, out_queue)
+        engine = ReferenceEngine(config, outbox)
     except Exception as exc:
-        out_queue.put(("error", f"engine failed to start: {exc!r}"))
+        outbox.send(("error", f"engine failed to start: {exc!r}"))
         raise
-    out_queue.put(("ready", {"pid": os.getpid(), **engine.stats()}))
+    outbox.send(("ready", {"pid": os.getpid(), **engine.stats()}))
     running = True
     while running:
-        try:
-            timeout = 0 if engine.has_work else IDLE_POLL_S
-            while True:
-                kind, payload = in_queue.get(timeout=timeout) if timeout else in_queue.get_nowait()
-                running = engine.handle(kind, payload)
-                timeout = 0
-                if not running:
-                    break
-        except queue.Empty:
-            pass
+        running = _take_messages(engine, in_queue)
         if running and engine.has_work:
-            engine.step()
+            try:
+                engine.step()
+            except Exception as exc:  # noqa: BLE001 - the process serves on; the step's requests fail
+                engine.fail_all(exc)
         elif running:
             engine.engine.idle()
     engine.tracker.abort_all()
@@ -219,4 +313,20 @@ def run_engine(config: EngineConfig, in_queue: Any, out_queue: Any) -> None:
         import llmtrace
 
         llmtrace.shutdown(timeout_s=10.0)
-    out_queue.put(("stopped", None))
+    outbox.send(("stopped", None))
+
+
+def _take_messages(engine: ReferenceEngine, in_queue: Any) -> bool:
+    """Apply every waiting message (waiting up to IDLE_POLL_S for one when idle); False means shut down."""
+    timeout = 0 if engine.has_work else IDLE_POLL_S
+    while True:
+        try:
+            kind, payload = in_queue.get(timeout=timeout) if timeout else in_queue.get_nowait()
+        except queue.Empty:
+            return True
+        timeout = 0
+        try:
+            if not engine.handle(kind, payload):
+                return False
+        except Exception:
+            log.exception("reference engine: handling a %r message failed (ignored)", kind)

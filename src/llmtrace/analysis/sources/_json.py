@@ -15,10 +15,14 @@ try:  # pragma: no cover - depends on the environment
         return orjson.loads(data)
 
     loads: Callable[[bytes | str], Any] = _orjson_loads
-    DecodeErrors: tuple[type[Exception], ...] = (orjson.JSONDecodeError, json.JSONDecodeError)
+    # RecursionError: the stdlib decoder's answer to JSON nested deeper than Python's stack.
+    DecodeErrors: tuple[type[Exception], ...] = (orjson.JSONDecodeError, json.JSONDecodeError, RecursionError)
 except ImportError:  # pragma: no cover
     loads = json.loads
-    DecodeErrors = (json.JSONDecodeError,)
+    DecodeErrors = (json.JSONDecodeError, RecursionError)
+
+#: What a decoder's RecursionError means to the reader of an error message.
+TOO_DEEP = "nested too deep"
 
 
 def error_position(exc: Exception) -> str:
@@ -32,6 +36,8 @@ def error_position(exc: Exception) -> str:
 
 
 def short_message(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return TOO_DEEP
     msg = getattr(exc, "msg", None) or str(exc)
     return msg.split(":", 1)[0] if ": line" in msg else msg
 
@@ -47,6 +53,9 @@ def iter_documents(text: str) -> Iterator[tuple[int, Any]]:
             pos += 1
         if pos >= n:
             return
-        doc, end = decoder.raw_decode(text, pos)
+        try:
+            doc, end = decoder.raw_decode(text, pos)
+        except RecursionError:
+            raise json.JSONDecodeError(TOO_DEEP, text, pos) from None
         yield pos, doc
         pos = end

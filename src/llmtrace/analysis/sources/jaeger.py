@@ -79,6 +79,8 @@ class JaegerSource:
             return self._client.get(path, params=params)
         except self._httpx.HTTPError as exc:
             raise SourceError(self.base_url, f"cannot reach Jaeger: {type(exc).__name__}: {exc}", path) from None
+        except (self._httpx.InvalidURL, UnicodeError) as exc:  # a service name no URL can carry
+            raise SourceError(self.base_url, f"cannot query Jaeger with {params}: {exc}", path) from None
 
     def _fail(self, resp: httpx.Response, path: str) -> SourceError:
         body = resp.text.strip().replace("\n", " ")[:200]
@@ -96,8 +98,13 @@ class JaegerSource:
         resp = self._get(path, {})
         if resp.status_code != 200:
             raise self._fail(resp, path)
-        body = resp.json()
-        names = body.get("services") if self.api == "v3" else body.get("data")
+        try:
+            body = resp.json()
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the decoder goes
+            raise SourceError(self.base_url, "malformed JSON in the services list", path) from None
+        names = (body.get("services") if self.api == "v3" else body.get("data")) if isinstance(body, dict) else None
+        if names is not None and not isinstance(names, list):
+            raise SourceError(self.base_url, f"the services list is {type(names).__name__}, not a list", path)
         return sorted(str(s) for s in names or () if str(s) not in _SELF_SERVICES)
 
     # ------------------------------------------------------------------ fetching

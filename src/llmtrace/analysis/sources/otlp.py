@@ -21,6 +21,7 @@ from typing import Any
 
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+from llmtrace.analysis.sources._json import TOO_DEEP
 
 #: OTLP times are 64-bit nanoseconds; a value beyond is corrupt (every source checks it, so
 #: no analyzer has to guard its arithmetic against astronomically large times).
@@ -156,7 +157,7 @@ def spans_from_otlp(doc: Mapping[str, Any], *, source: str, position: str, inter
                 depth, pi = 2, 0
                 for pi, sp in enumerate(spans):  # noqa: B007 - pi names the failing span
                     append(_span(sp, service, resource, intern))
-    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         where = f"{position}: resourceSpans[{ri}]"
         if depth >= 1:
             where += f".scopeSpans[{si}]"
@@ -169,6 +170,8 @@ def spans_from_otlp(doc: Mapping[str, Any], *, source: str, position: str, inter
 def _describe(exc: Exception, what: str = "span") -> str:
     if isinstance(exc, KeyError):
         return f"missing field {exc.args[0]!r}"
+    if isinstance(exc, RecursionError):  # an attribute value nested deeper than Python's stack
+        return f"bad {what}: an attribute value is {TOO_DEEP}"
     return f"bad {what}: {exc}"
 
 

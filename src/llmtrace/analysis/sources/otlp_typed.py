@@ -102,7 +102,7 @@ if AVAILABLE:
         resourceSpans: list[_ResourceSpans] | UnsetType | None = UNSET
 
     _decode = msgspec.json.Decoder(_Export).decode
-    _DECODE_ERRORS: tuple[type[Exception], ...] = (msgspec.DecodeError,)
+    _DECODE_ERRORS: tuple[type[Exception], ...] = (msgspec.DecodeError, RecursionError)
 else:  # pragma: no cover
     _DECODE_ERRORS = ()
 

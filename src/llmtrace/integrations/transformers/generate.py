@@ -161,7 +161,7 @@ def _exit(state: _State) -> None:
         torch_patch.reset_sink(state.sink_token)
 
 
-class _TimedStreamer(wrapt.ObjectProxy):  # type: ignore[misc,type-arg]
+class _TimedStreamer(wrapt.ObjectProxy):  # type: ignore[type-arg]
     """The user's streamer, noting when each token is handed to it: for a streamed
     response that is when the token exists for the client (the library has already
     moved it to the host)."""

@@ -296,7 +296,7 @@ def rendered_token_lists(result: Any) -> list[Any]:
 
 
 def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparseable."""
+    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparsable."""
     if not version:
         return None
     parts: list[int] = []
