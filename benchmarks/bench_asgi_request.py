@@ -168,7 +168,8 @@ def main() -> int:
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request under valgrind instead (stable on a noisy host; slow)")
     parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"comma-separated arms to count with --instructions (untraced always; known: {', '.join(ARMS)})")
+                        help=f"comma-separated arms to count with --instructions (untraced always; "
+                             f"known: {', '.join(ARMS)})")
     parser.add_argument("--jobs", type=int, default=1,
                         help="with --instructions: valgrind runs at a time (the counts do not depend on it)")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)

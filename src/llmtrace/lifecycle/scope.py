@@ -93,14 +93,14 @@ class ServerScope:
     # ------------------------------------------------------------------ requests
     def register(self, handle: RequestHandle) -> None:
         if self.handles:
-            self.handles.append(handle)  # type: ignore[union-attr]  # non-empty: the scope's own list
+            self.handles.append(handle)  # non-empty: the scope's own list (an empty tuple is falsy)
         else:
             self.handles = [handle]
 
     def park(self, encode: PendingTokenize) -> None:
         """Keep a prompt encode that happened before its request existed (see :meth:`adopt_pending`)."""
         if self.pending:
-            self.pending.append(encode)  # type: ignore[union-attr]  # non-empty: the scope's own list
+            self.pending.append(encode)  # non-empty: the scope's own list (an empty tuple is falsy)
         else:
             self.pending = [encode]
 

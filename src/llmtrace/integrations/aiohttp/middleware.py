@@ -22,9 +22,8 @@ that notes the time, removes itself and calls the class's ``write``. A client th
 seen where aiohttp sees it: the connection's ``connection_lost`` cancels the request it is
 serving (``BaseRequest._cancel``, hooked by :func:`traced_cancel`), which finds the call in
 :data:`_in_flight` and ends its open requests as ``abort`` — before the handler's next write
-fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost about 2.5k
-instructions a chunk, an aiohttp streamed request 1.20x untraced; callgrind,
-``benchmarks/bench_aiohttp_request.py``.) The hooks are plain functions put in the class, not
+fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost ~10k instructions
+per 33-chunk request; callgrind, ``benchmarks/bench_aiohttp_request.py``.) The hooks are plain functions put in the class, not
 wrapt proxies, which are bound anew at every attribute access.
 
 :func:`scope_middleware` is the server scope alone, for calls inside a SERVER span that
@@ -61,8 +60,8 @@ _TIMEOUT_STATUS, _ERROR_STATUS = 504, 500
 
 #: The excluded-URL pattern of the running ``instrument()`` (set by the integration's ``_patch``).
 _excluded: re.Pattern[str] | None = None
-#: ``_server.current_exchange`` without its Python frame: the context variable's own ``get``,
-#: which the write hook calls for every streamed chunk.
+#: ``_server.current_exchange`` without its Python frame: the context variable's own ``get``
+#: (and ``set``/``reset``, once per call).
 _find_exchange = _server._current_exchange.get
 _set_exchange, _reset_exchange = _server._current_exchange.set, _server._current_exchange.reset
 #: The calls being served, by ``id()`` of their request (alive while it is in here): how the
