@@ -23,8 +23,8 @@ seen where aiohttp sees it: the connection's ``connection_lost`` cancels the req
 serving (``BaseRequest._cancel``, hooked by :func:`traced_cancel`), which finds the call in
 :data:`_in_flight` and ends its open requests as ``abort`` — before the handler's next write
 fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost ~10k instructions
-per 33-chunk request; callgrind, ``benchmarks/bench_aiohttp_request.py``.) The hooks are plain functions put in the class, not
-wrapt proxies, which are bound anew at every attribute access.
+per 33-chunk request; callgrind, ``benchmarks/bench_aiohttp_request.py``.) The hooks are plain
+functions put in the class, not wrapt proxies, which are bound anew at every attribute access.
 
 :func:`scope_middleware` is the server scope alone, for calls inside a SERVER span that
 OpenTelemetry's middleware made (the host's, or ``server_spans="otel"``).
