@@ -1,6 +1,6 @@
 # The README's commands. Each installs what it needs first (`.ci/run setup`: a cached venv
 # keyed on pyproject.toml, Jaeger v2 and the gateway collector built from the Go module
-# proxy, chromium); with everything cached that takes a few seconds.
+# proxy, chromium, Perfetto's trace processor); with everything cached that takes a few seconds.
 LLMTRACE_CACHE ?= $(HOME)/.cache/llmtrace
 export LLMTRACE_CACHE
 VENV ?= $(LLMTRACE_CACHE)/venv
@@ -10,7 +10,7 @@ SETUP := $(if $(LLMTRACE_SETUP_DONE),,setup)
 
 .PHONY: setup setup-venv setup-demo test test-fast lint demo stack-build stack-up
 
-setup:  ## venv (pyproject + vLLM + dev tools), native core, Jaeger v2 and gateway collector, chromium
+setup:  ## venv (pyproject + vLLM + dev tools), native core, Jaeger v2 and gateway collector, chromium, Perfetto trace processor
 	.ci/run setup
 
 setup-venv:  ## the full Python venv (pyproject + vLLM + dev tools) and the native core: no stack, no browser
@@ -25,18 +25,19 @@ test: $(SETUP)  ## the whole suite, including the real collector + Jaeger end-to
 demo: $(if $(LLMTRACE_SETUP_DONE),,setup-demo)  ## reference server under load, traced, then the analysis
 	$(VENV)/bin/llmtrace demo
 
-# The inner loop: the venv only (no Go stack, no chromium).
+# The inner loop: the venv only (no Go stack, no chromium, no trace processor).
 VENV_ONLY := $(if $(LLMTRACE_SETUP_DONE),,setup-venv)
-FAST_TESTS := not stack and not vllm and not browser and not slow
+FAST_TESTS := not stack and not vllm and not browser and not trace_processor and not slow
 
-test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser or the slow scenarios (markers: pyproject.toml)
+test-fast: $(VENV_ONLY)  ## the suite without the Jaeger stack, vLLM, a browser, the trace processor or the slow scenarios (markers: pyproject.toml)
 	$(PYTHON) -m pytest -q -m "$(FAST_TESTS)"
 
-lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell
+lint: $(VENV_ONLY)  ## ruff, mypy strict on src and tests, the import-layer contracts, codespell; native: fmt, clippy, cargo test, stubtest
 	$(PYTHON) -m ruff check src tests
 	$(PYTHON) -m mypy
 	PYTHONPATH=src $(VENV)/bin/lint-imports
 	$(VENV)/bin/codespell
+	.ci/run native-checks
 
 # scripts/stack.py needs only the standard library and Go (for the first build): no venv.
 stack-build:  ## build and cache the Go binaries of the local stack

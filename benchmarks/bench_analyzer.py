@@ -17,9 +17,10 @@ each stage reports its fastest of N runs (CPU time on a shared machine only ever
 The read is what ``llmtrace analyze`` does: with ``llmtrace-native`` installed, engine-side
 spans stay in a compiled engine table (``--no-table``: every span a Python object; memory
 then counts the table's own bytes too, which ``tracemalloc`` cannot see).
-The parse path is the fastest decoder installed: the compiled one (``native/``, built by
-``.ci/run`` when cargo is present), else the typed msgspec one; ``LLMTRACE_ANALYSIS_DECODER``
-= ``native`` / ``typed`` / ``generic`` picks one (the result's ``decoder`` says which ran).
+The parse path is the compiled decoder (``native/``, built by ``.ci/run`` when cargo is
+present), else the generic Python reader; ``LLMTRACE_ANALYSIS_DECODER`` = ``native`` /
+``generic`` picks one and ``LLMTRACE_ANALYSIS_NATIVE=0`` runs every Python kernel (the
+result's ``decoder`` says which ran).
 """
 
 from __future__ import annotations
@@ -64,17 +65,6 @@ def decode_floor(path: str) -> float:
     return _cpu_over_lines(path, loads)
 
 
-def typed_decode_floor(path: str) -> float | None:
-    """CPU seconds for the typed msgspec decode alone (the parse path's own floor), if installed."""
-    try:
-        from llmtrace.analysis.sources import otlp_typed
-    except ImportError:  # an llmtrace before the typed decoder (A/B runs against old trees)
-        return None
-    if not otlp_typed.AVAILABLE:
-        return None
-    return _cpu_over_lines(path, otlp_typed._decode)
-
-
 def _cpu_over_lines(path: str, decode: Callable[[bytes], object]) -> float:
     """CPU seconds for *decode* over every line of *path*, the collector paused as the analyzer does."""
     gc.disable()
@@ -87,14 +77,10 @@ def _cpu_over_lines(path: str, decode: Callable[[bytes], object]) -> float:
 
 
 def decoder_in_use(path: str) -> str:
-    """Which OTLP line decoder ``load_spans`` uses here (native, typed or generic)."""
-    try:
-        from llmtrace.analysis.sources.files import decoder_name
-    except ImportError:  # an llmtrace before the compiled decoder (A/B runs against old trees)
-        from llmtrace.analysis.sources import otlp_typed
+    """Which OTLP line decoder ``load_spans`` uses here (native or generic; typed in trees
+    that still had the msgspec decoder, for A/B runs)."""
+    from llmtrace.analysis.sources.files import decoder_name
 
-        generic = os.environ.get("LLMTRACE_ANALYSIS_DECODER") == "generic"
-        return "typed" if otlp_typed.AVAILABLE and not generic else "generic"
     return decoder_name(path)
 
 
@@ -189,9 +175,6 @@ def main() -> int:
     result["decoder"] = decoder_in_use(path)
     result["engine_table"] = "yes" if new_table(use_table) is not None else "no"
     result["decode_floor_s"] = decode_floor(path)
-    typed = typed_decode_floor(path)
-    if typed is not None:
-        result["typed_decode_floor_s"] = typed
     result["load_average_1m"] = os.getloadavg()[0]
     if not args.no_memory:
         result.update(memory(path, use_table))
@@ -211,8 +194,6 @@ def main() -> int:
         f"{total / result['decode_floor_s']:.1f}x that; load average {result['load_average_1m']:.1f} "
         f"on {os.cpu_count()} CPUs"
     )
-    if "typed_decode_floor_s" in result:
-        print(f"typed decode   {result['typed_decode_floor_s']:.2f} s alone (msgspec into structs, no spans built)")
     ok = "ok" if result["spans_per_s"] >= 200_000 else "BELOW TARGET"
     print(f"throughput     {result['spans_per_s']:,.0f} spans/s on one core (target >= 200,000: {ok})")
     if "bytes_per_span" in result:

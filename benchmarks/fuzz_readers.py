@@ -4,7 +4,7 @@ or one clear error line (an ``LLMTraceError``) — never another exception.
 
     python benchmarks/fuzz_readers.py                   # 10,000 file cases + 2,000 Jaeger API + carriers
     python benchmarks/fuzz_readers.py --cases 500 --start 20000
-    python benchmarks/fuzz_readers.py --decoder generic # one decoder path (native | typed | generic)
+    python benchmarks/fuzz_readers.py --decoder generic # one decoder path (native | generic)
     python benchmarks/fuzz_readers.py --json            # one JSON line
 
 The cases are tests/analysis/reader_fuzz.py's (seeded: case N is the same bytes everywhere);
@@ -38,7 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=int, default=10_000, help="file cases (API cases: a fifth of it)")
     parser.add_argument("--start", type=int, default=0, help="first seed")
-    parser.add_argument("--decoder", choices=["native", "typed", "generic"], default=None)
+    parser.add_argument("--decoder", choices=["native", "generic"], default=None)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.decoder:

@@ -1,29 +1,108 @@
-"""Type stubs of the compiled module (native/src/lib.rs)."""
+"""The compiled kernels of llmtrace's analyzer (native/src/lib.rs); reached only through
+``llmtrace.analysis._kernels``. CI checks this stub against the built module
+(``python -m mypy.stubtest llmtrace_native``)."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, final
 
-class Decoder:
-    def __init__(
-        self,
-        span_type: type[tuple[Any, ...]],
+__all__ = ["ABI_VERSION", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
+
+#: Bumped with ``llmtrace.analysis._native.ABI_VERSION`` whenever a signature changes.
+ABI_VERSION: int
+
+_Interval = tuple[int, int]
+#: The named-tuple type a kernel is handed to build its results with (Gap, Section).
+_T = TypeVar("_T", bound=tuple[Any, ...])
+#: The span named tuple a decoder makes.
+_S = TypeVar("_S", bound=tuple[Any, ...])
+
+@final
+class Decoder(Generic[_S]):
+    """OTLP/JSON lines into ``Span`` tuples (``kinds[i]``: ``SpanKind(i)``, ``statuses[i]``:
+    ``StatusCode(i)``; ``engine_spans``: the 7 names an engine table keeps, by name code;
+    ``step_keys``: the 8 step attributes it reads)."""
+
+    def __new__(
+        cls,
+        span_type: type[_S],
         link_type: type[tuple[Any, ...]],
         kinds: Sequence[Any],
         statuses: Sequence[Any],
         empty_attrs: Mapping[str, Any],
-    ) -> None: ...
-    def spans_from_line(self, data: bytes, strings: dict[str, str]) -> list[Any] | None: ...
+        engine_spans: Sequence[str],
+        service_key: str,
+        step_keys: Sequence[str],
+    ) -> Decoder[_S]: ...
+    def spans_from_line(
+        self, data: bytes, strings: dict[str, str], table: EngineTable | None = None, scan: bool = True
+    ) -> list[_S] | None: ...
+
+@final
+class GapSet:
+    """One engine's classified idle gaps, made into ``gap_type`` tuples when read."""
+
+    def __len__(self) -> int: ...
+    def rows(self, lo: int, hi: int, engine_id: str, gap_type: type[_T], causes: tuple[str, ...]) -> list[_T]: ...
+
+@final
+class EngineTable:
+    """Engine-side spans kept as columns (``llmtrace.analysis.engine_table``)."""
+
+    python_seen: int
+    def __new__(cls, decoder: Decoder[Any]) -> EngineTable: ...
+    def __len__(self) -> int: ...
+    def nbytes(self) -> int: ...
+    def resources(self) -> list[tuple[str, Mapping[str, Any]]]: ...
+    def materialize(self, start: int = 0, truncate: bool = False) -> list[tuple[int, Any]]: ...
+    def build(
+        self, python_traces: Any, domains: Sequence[int]
+    ) -> (
+        tuple[
+            int,
+            int,
+            int,
+            int,
+            list[tuple[str, list[tuple[int, int, int | None, int | None, str]], tuple[Any, ...], int]],
+        ]
+        | None
+    ): ...
+    def traces(self) -> list[tuple[str, tuple[Any, ...]]]: ...
+    def steps(self, e: int, lo: int, hi: int) -> list[tuple[Any, ...]]: ...
+    def step_runs(self, e: int) -> list[_Interval]: ...
+    def step_segments(self, e: int) -> list[_Interval]: ...
+    def idle(
+        self,
+        e: int,
+        segs: Sequence[_Interval],
+        host_cause: Sequence[int],
+        extras: Sequence[tuple[int, int, int]],
+        work: Sequence[_Interval],
+        engine_work: Sequence[_Interval],
+        windows: Sequence[_Interval],
+        causes: tuple[str, ...],
+    ) -> tuple[
+        GapSet, list[int], int, int, int, float, float, list[int], int, list[tuple[int, int, list[tuple[int, int]]]]
+    ]: ...
+    def step_stats(
+        self, engines: Sequence[int], lo: int = 0, hi: int = ...
+    ) -> tuple[int, float, float, float, int, float, float]: ...
+    def step_starts(self, e: int) -> list[int]: ...
 
 def classify_gaps(
     engine_id: str,
-    segs: list[tuple[int, int]],
+    segs: Sequence[_Interval],
     forwards: list[Any],
     hosts: list[Any],
     host_cause: dict[str, int],
-    extras: list[tuple[int, int, int]],
-    work: list[tuple[int, int]],
-    gap_type: type[tuple[Any, ...]],
+    extras: Sequence[tuple[int, int, int]],
+    work: Sequence[_Interval],
+    gap_type: type[_T],
     causes: tuple[str, ...],
-) -> list[Any]: ...
-
-ABI_VERSION: int
+) -> list[_T]: ...
+def critical_path(
+    children: dict[str, Any], root: Any, overlap_allowance_ns: int, section_type: type[_T]
+) -> list[_T]: ...
+def path_totals(
+    requests: list[tuple[dict[str, Any], Any, int | None, str]], overlap_allowance_ns: int
+) -> tuple[dict[str, list[int]], dict[tuple[str, ...], int], int, dict[tuple[str, str], tuple[str, float]]]: ...
+def scans(data: bytes) -> bool: ...

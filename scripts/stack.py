@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The llmtrace collector + Jaeger stack without Docker: the shipped configs, Go-built binaries.
 
-    python scripts/stack.py build      # build + cache Jaeger v2 (and the gateway collector)
+    python scripts/stack.py build      # build + cache Jaeger v2 (and the gateway collector, promtool)
     python scripts/stack.py up         # run it until Ctrl-C, on the docker-compose ports
     python scripts/stack.py up --free-ports --keep-all
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scripts.otel_stack.binaries import StackError, build_gateway_collector, build_jaeger
+from scripts.otel_stack.binaries import StackError, build_gateway_collector, build_jaeger, build_promtool
 from scripts.otel_stack.stack import STANDARD_PORTS, TEST_SAMPLING, OtelStack
 
 
@@ -29,6 +29,7 @@ def _build(args: argparse.Namespace) -> int:
     print(f"jaeger:  {build_jaeger()}", flush=True)
     if args.gateway:
         print(f"gateway: {build_gateway_collector()}", flush=True)
+    print(f"promtool: {build_promtool()}", flush=True)
     print(f"ready in {time.monotonic() - started:.0f}s")
     return 0
 

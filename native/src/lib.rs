@@ -4,25 +4,33 @@
 //! `serde_json` into borrowed Rust structs (no Python object per JSON value, unknown
 //! fields skipped), checked, and turned into the analyzer's `Span` named tuples directly.
 //!
-//! Contract (the same as the typed msgspec path, `otlp_typed.py`): a line is either
-//! converted exactly as the generic Python path converts it, or declined — `None` is
-//! returned and the caller reads the line through the Python paths, which produce the
-//! same spans, warnings and errors. So this module only accepts what it is sure of: hex
-//! ids of the exact length, decimal times that fit an `i64`, known span kinds, scalar
-//! attribute values and arrays of them. Everything else (base64 ids, `kvlistValue`,
-//! `bytesValue`, string doubles such as `"NaN"`, a value with several keys, duplicate JSON
-//! keys, malformed JSON) is
-//! declined. `tests/analysis/test_native_decoder.py` compares both paths.
+//! Contract: a line is either converted exactly as the generic Python reader
+//! (`sources/otlp.py`) converts it, or declined — `None` is returned and the caller reads
+//! the line through that reader, which produces the same spans, warnings and errors. So
+//! this module only accepts what it is sure of: hex ids of the exact length, decimal times
+//! that fit an `i64`, known span kinds, scalar attribute values and arrays of them.
+//! Everything else (base64 ids, `kvlistValue`, `bytesValue`, string doubles such as
+//! `"NaN"`, a value with several keys, duplicate JSON keys, malformed JSON) is declined.
+//! `tests/analysis/test_native_decoder.py` compares both paths.
+//!
+//! The other kernels: the engine table (`table/`), the GPU idle sweeps (`gpu_idle.rs`) and
+//! the critical-path walk (`critical_path.rs`); `analysis/_kernels.py` is the one Python
+//! module that imports this one (the engine table's own wrapper is
+//! `analysis/engine_table.py`), and `llmtrace_native.pyi` types every export.
+
+// Every `unsafe` block says why it is sound (`// SAFETY:`), and an `unsafe fn` marks each
+// unsafe operation inside it too: clippy -D warnings in CI holds both.
+#![deny(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyString};
+use rustc_hash::FxBuildHasher;
 use serde::de::{self, IgnoredAny, Visitor};
 use serde::{Deserialize, Deserializer};
 
@@ -30,7 +38,7 @@ use serde::{Deserialize, Deserializer};
 // The OTLP/JSON document, as far as the analyzer reads it.
 
 /// Missing field -> `None` (via `default`), present -> `Some(value)`; `null` is then an
-/// error for a non-`Option` `T`, which declines the line as msgspec's typed path does.
+/// error for a non-`Option` `T`, which declines the line.
 fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<Option<T>, D::Error> {
     T::deserialize(d).map(Some)
 }
@@ -285,6 +293,8 @@ impl Owned {
 
 impl Drop for Owned {
     fn drop(&mut self) {
+        // SAFETY: `Owned` holds a non-null strong reference it owns, released once, with the GIL
+        // held (it never leaves `spans_from_line`).
         unsafe { ffi::Py_DECREF(self.0) }
     }
 }
@@ -301,8 +311,9 @@ const STATUS_NAMES: [&str; 3] = ["STATUS_CODE_UNSET", "STATUS_CODE_OK", "STATUS_
 
 /// Decodes OTLP/JSON lines into `llmtrace.analysis.model.Span` tuples.
 ///
-/// Built once with the model's classes and enum members, so the module has no import-time
-/// dependency on llmtrace (`sources/otlp_native.py` constructs it).
+/// Built once with the model's classes and enum members and the span and attribute names
+/// of `llmtrace.semconv`, so the module has no import-time dependency on llmtrace and
+/// writes none of its names a second time (`analysis/_kernels.py` constructs it).
 #[pyclass(module = "llmtrace_native", frozen)]
 pub struct Decoder {
     pub(crate) span_type: Py<PyAny>,
@@ -310,19 +321,33 @@ pub struct Decoder {
     pub(crate) kinds: Vec<Py<PyAny>>,
     pub(crate) statuses: Vec<Py<PyAny>>,
     pub(crate) empty_attrs: Py<PyAny>,
+    /// The engine-side span names, by the table's name code ([`table::ENGINE_SPANS`]).
+    pub(crate) engine_spans: Vec<String>,
+    /// The same names as Python strings (the spans the table makes share them).
+    pub(crate) engine_span_objects: Vec<Py<PyAny>>,
+    /// `service.name`, the resource attribute a span's service is read from.
+    pub(crate) service_key: Py<PyAny>,
+    /// The step attributes the table reads, in [`table::STEP_KEYS`] order.
+    pub(crate) step_keys: Vec<String>,
 }
 
 #[pymethods]
 impl Decoder {
-    /// `Decoder(Span, Link, kinds, statuses, empty_attrs)`: `kinds[i]` is `SpanKind(i)` for
-    /// i in 0..6, `statuses[i]` is `StatusCode(i)` for i in 0..3.
+    /// `Decoder(Span, Link, kinds, statuses, empty_attrs, engine_spans, service_key,
+    /// step_keys)`: `kinds[i]` is `SpanKind(i)` for i in 0..6, `statuses[i]` is
+    /// `StatusCode(i)` for i in 0..3; the names are described on the fields.
     #[new]
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         span_type: Bound<'_, PyAny>,
         link_type: Bound<'_, PyAny>,
         kinds: Vec<Py<PyAny>>,
         statuses: Vec<Py<PyAny>>,
         empty_attrs: Py<PyAny>,
+        engine_spans: Vec<String>,
+        service_key: String,
+        step_keys: Vec<String>,
     ) -> PyResult<Self> {
         for t in [&span_type, &link_type] {
             if !named_tuple::is_tuple_class(t) {
@@ -334,18 +359,33 @@ impl Decoder {
         if kinds.len() != 6 || statuses.len() != 3 {
             return Err(PyTypeError::new_err("need 6 span kinds and 3 status codes"));
         }
+        if engine_spans.len() != table::ENGINE_SPANS || step_keys.len() != table::STEP_KEYS {
+            return Err(PyTypeError::new_err(format!(
+                "need {} engine span names and {} step attribute keys",
+                table::ENGINE_SPANS,
+                table::STEP_KEYS
+            )));
+        }
+        let engine_span_objects = engine_spans
+            .iter()
+            .map(|n| PyString::new(py, n).into_any().unbind())
+            .collect();
         Ok(Decoder {
             span_type: span_type.unbind(),
             link_type: link_type.unbind(),
             kinds,
             statuses,
             empty_attrs,
+            engine_spans,
+            engine_span_objects,
+            service_key: PyString::new(py, &service_key).into_any().unbind(),
+            step_keys,
         })
     }
 
     /// The spans of one OTLP/JSON traces line as a list, or `None` when the Python paths
     /// must read it. `strings` is the interning dict shared with them (`Interner.strings`).
-    /// With `table`, engine-side spans (`table::ENGINE_NAMES`) go into it instead of the
+    /// With `table`, engine-side spans (`Decoder::engine_spans`) go into it instead of the
     /// list; a declined line leaves the table as it was. `scan=False` reads the line with
     /// serde alone, skipping the hand-written fast path (`scan.rs`; the tests compare both).
     #[pyo3(signature = (data, strings, table=None, scan=true))]
@@ -392,6 +432,7 @@ impl Decoder {
             }
         }
         match result {
+            // SAFETY: `into_raw` hands over the non-null new reference to the list.
             Ok(list) => Ok(Some(unsafe { Bound::from_owned_ptr(py, list.into_raw()) })),
             Err(Fail::Decline) => Ok(None),
             Err(Fail::Py(err)) => Err(err),
@@ -407,16 +448,18 @@ struct Ctx<'py, 'd, 'doc, 't> {
     decoder: &'d Decoder,
     /// The line's interned strings by their text (borrowed: `strings` holds them), so a
     /// trace id or span name repeated in the line is neither copied nor hashed again.
-    seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, BuildHasherDefault<FxHasher>>>,
+    seen: RefCell<HashMap<&'doc str, *mut ffi::PyObject, FxBuildHasher>>,
     /// The line's span ids, so a parent id and its span's own id are one string object (a
     /// step's four children name it): fewer allocations, less memory. Not interned across
     /// lines: span ids are unique, a global table would only grow.
-    ids: RefCell<HashMap<&'doc str, Owned, BuildHasherDefault<FxHasher>>>,
+    ids: RefCell<HashMap<&'doc str, Owned, FxBuildHasher>>,
 }
 
 impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn convert(&self, rss: &'doc [Obj<ResourceSpans<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+        // `Owned::new` checks for NULL.
         let out = Owned::new(py, unsafe { ffi::PyList_New(0) })?;
         for rs in rss {
             let rattrs = match rs.resource.as_ref().and_then(|r| r.attributes.as_deref()) {
@@ -425,6 +468,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             };
             let service = self.service(rattrs.as_ref())?;
             let resource = match &rattrs {
+                // SAFETY: `d` is a live dict this call made.
                 Some(d) if unsafe { ffi::PyDict_Size(d.0) } > 0 => d.0,
                 _ => self.decoder.empty_attrs.as_ptr(),
             };
@@ -437,27 +481,35 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             for ss in scopes {
                 for sp in ss.spans.as_deref().unwrap_or_default() {
                     if let Some(tab) = &self.table {
-                        if let Some(code) = table::ENGINE_NAMES.iter().position(|n| *n == sp.name) {
+                        if let Some(code) =
+                            self.decoder.engine_spans.iter().position(|n| *n == sp.name)
+                        {
                             let mut t = tab.borrow_mut();
                             let res = match in_table {
                                 Some(r) => r,
                                 None => {
-                                    let text = unsafe { py_text(service.0) }?;
-                                    let r = t.add_resource(
-                                        unsafe { Bound::from_borrowed_ptr(py, service.0) }.unbind(),
-                                        unsafe { Bound::from_borrowed_ptr(py, resource) }.unbind(),
-                                        text,
-                                    );
+                                    // SAFETY: `service` and `resource` are live references held
+                                    // for the whole loop, and the GIL is held (`py`).
+                                    let service =
+                                        unsafe { Bound::from_borrowed_ptr(py, service.0) };
+                                    // SAFETY: as the line above.
+                                    let resource =
+                                        unsafe { Bound::from_borrowed_ptr(py, resource) };
+                                    let text = py_text(&service)?;
+                                    let r =
+                                        t.add_resource(service.unbind(), resource.unbind(), text);
                                     in_table = Some(r);
                                     r
                                 }
                             };
+                            // SAFETY: `out` is the live list this call made.
                             let before = t.python_seen + unsafe { ffi::PyList_Size(out.0) } as u64;
                             self.table_span(&mut t, sp, code as u8, res, before)?;
                             continue;
                         }
                     }
                     let span = self.span(sp, service.0, resource)?;
+                    // SAFETY: `out` and `span` are live; `PyList_Append` takes its own reference.
                     if unsafe { ffi::PyList_Append(out.0, span.0) } != 0 {
                         return Err(Fail::Py(PyErr::fetch(py)));
                     }
@@ -467,18 +519,24 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         Ok(out)
     }
 
-    /// `str(resource["service.name"])`, interned; "" when absent. Only strings are taken.
+    /// `str(resource[service_key])`, interned; "" when absent. Only strings are taken.
     fn service(&self, rattrs: Option<&Owned>) -> Result<Owned, Fail> {
         if let Some(d) = rattrs {
-            let key = self.interned("service.name")?;
-            let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key.0) };
+            let key = self.decoder.service_key.as_ptr();
+            // SAFETY: `d` is a live dict and `key` the decoder's live `str`; the result is borrowed
+            // or NULL.
+            let v = unsafe { ffi::PyDict_GetItemWithError(d.0, key) };
             if !v.is_null() {
+                // SAFETY: `v` is a non-null borrowed reference from the dict, alive while `d` is.
                 if unsafe { ffi::PyUnicode_CheckExact(v) } == 0 {
                     return Err(Fail::Decline);
                 }
+                // SAFETY: `v` is live (borrowed from `d`); the new reference is the one `Owned`
+                // takes over.
                 unsafe { ffi::Py_INCREF(v) };
                 return self.intern_object(Owned(v));
             }
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token).
             if unsafe { !ffi::PyErr_Occurred().is_null() } {
                 return Err(Fail::Py(PyErr::fetch(self.py)));
             }
@@ -498,6 +556,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         let attrs = match sp.attributes.as_deref() {
             Some(raw) if !raw.is_empty() => {
                 let dict = self.attributes(raw)?;
+                // SAFETY: `dict` is a live dict this call made.
                 if unsafe { ffi::PyDict_Size(dict.0) } > 0 {
                     dict
                 } else {
@@ -508,6 +567,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         };
         let links = match sp.links.as_deref() {
             Some(raw) if !raw.is_empty() => self.links(raw)?,
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             _ => Owned::new(py, unsafe { ffi::PyTuple_New(0) })?,
         };
         let fields = [
@@ -515,10 +576,14 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             self.span_id(&sp.span_id)?,
             match parent {
                 Some(p) => self.span_id(p)?,
+                // SAFETY: `Py_None` is the immortal `None` singleton; `borrowed` adds a reference.
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             },
             self.interned(&sp.name)?,
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(start) })?,
+            // SAFETY: as the line above.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(end) })?,
             self.borrowed(d.kinds[kind].as_ptr()),
             self.borrowed(d.statuses[code].as_ptr()),
@@ -602,12 +667,16 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         if raw.iter().any(|ln| !ln.ids_ok()) {
             return Err(Fail::Decline);
         }
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL
+        // is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(raw.len() as ffi::Py_ssize_t)
         })?;
         for (i, ln) in raw.iter().enumerate() {
             let fields = [self.interned(&ln.trace_id)?, self.text(&ln.span_id)?];
             let link = self.new_tuple(self.decoder.link_type.as_ptr(), fields)?;
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over
+            // `link`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, link.into_raw()) };
         }
         Ok(tuple)
@@ -623,10 +692,12 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
         Ok(Owned(obj.map_err(Fail::Py)?.into_ptr()))
     }
 
-    /// `otlp_typed._attributes`: keys interned, strings under 64 characters interned,
+    /// `otlp._attributes`: keys interned, strings under 64 characters interned,
     /// a value with no known key left out; later duplicates win, as in a dict.
     fn attributes(&self, raw: &'doc [Obj<KeyValue<'doc>>]) -> Result<Owned, Fail> {
         let py = self.py;
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+        // `Owned::new` checks for NULL.
         let dict = Owned::new(py, unsafe { ffi::PyDict_New() })?;
         for kv in raw {
             let v = &kv.value;
@@ -639,6 +710,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 (None, None) => continue,
             };
             let key = self.interned(&kv.key)?;
+            // SAFETY: `dict`, `key` and `value` are live; `PyDict_SetItem` takes its own
+            // references.
             if unsafe { ffi::PyDict_SetItem(dict.0, key.0, value.0) } != 0 {
                 return Err(Fail::Py(PyErr::fetch(py)));
             }
@@ -650,6 +723,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     fn array(&self, arr: &'doc ArrayValue<'doc>) -> Result<Owned, Fail> {
         let py = self.py;
         let values = arr.values.as_deref().unwrap_or_default();
+        // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token); NULL
+        // is checked, and every slot is filled below before the tuple is used.
         let tuple = Owned::new(py, unsafe {
             ffi::PyTuple_New(values.len() as ffi::Py_ssize_t)
         })?;
@@ -659,8 +734,11 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
             }
             let value = match self.scalar(e, false)? {
                 Some(value) => value,
+                // SAFETY: `Py_None` is the immortal `None` singleton; `borrowed` adds a reference.
                 None => self.borrowed(unsafe { ffi::Py_None() }),
             };
+            // SAFETY: `i` is below the length of this fresh tuple; the slot is empty and takes over
+            // `value`'s reference.
             unsafe { ffi::PyTuple_SET_ITEM(tuple.0, i as ffi::Py_ssize_t, value.into_raw()) };
         }
         Ok(tuple)
@@ -681,8 +759,11 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
                 self.text(s)?
             }
         } else if let Some(i) = &v.int {
+            // SAFETY: the GIL is held (a `Ctx` lives inside `spans_from_line`'s `Python` token);
+            // `Owned::new` checks for NULL.
             Owned::new(py, unsafe { ffi::PyLong_FromLongLong(i.to_i64()?) })?
         } else if let Some(x) = v.double {
+            // SAFETY: as above.
             Owned::new(py, unsafe { ffi::PyFloat_FromDouble(x) })?
         } else if let Some(b) = v.boolean {
             self.boolean(b)
@@ -692,6 +773,7 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn boolean(&self, b: bool) -> Owned {
+        // SAFETY: `Py_True` and `Py_False` are immortal singletons; `borrowed` adds a reference.
         self.borrowed(unsafe {
             if b {
                 ffi::Py_True()
@@ -702,11 +784,14 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn borrowed(&self, p: *mut ffi::PyObject) -> Owned {
+        // SAFETY: `p` is a live object the caller holds a reference to.
         unsafe { ffi::Py_INCREF(p) };
         Owned(p)
     }
 
     fn text(&self, s: &str) -> Result<Owned, Fail> {
+        // SAFETY: `s` is valid UTF-8 of exactly `s.len()` bytes; the GIL is held (a `Ctx` lives
+        // inside `spans_from_line`'s `Python` token); `Owned::new` checks for NULL.
         Owned::new(self.py, unsafe {
             ffi::PyUnicode_FromStringAndSize(s.as_ptr().cast(), s.len() as ffi::Py_ssize_t)
         })
@@ -732,6 +817,8 @@ impl<'doc> Ctx<'_, '_, 'doc, '_> {
     }
 
     fn intern_object(&self, s: Owned) -> Result<Owned, Fail> {
+        // SAFETY: `self.strings` is the caller's interning dict (kept alive by its `Bound` for the
+        // call) and `s` a live `str`; the result is borrowed or NULL.
         let kept = unsafe { ffi::PyDict_SetDefault(self.strings, s.0, s.0) };
         if kept.is_null() {
             return Err(Fail::Py(PyErr::fetch(self.py)));
@@ -755,18 +842,16 @@ fn table_scalar<A>(t: &mut table::Data, v: &AnyValue<'_, A>) -> Result<Option<ta
     }))
 }
 
-/// The text of a Python `str`.
-unsafe fn py_text(s: *mut ffi::PyObject) -> Result<String, Fail> {
-    let mut len: ffi::Py_ssize_t = 0;
-    let p = ffi::PyUnicode_AsUTF8AndSize(s, &mut len);
-    if p.is_null() {
-        return Err(Fail::Py(PyErr::fetch(Python::assume_attached())));
-    }
-    let bytes = std::slice::from_raw_parts(p.cast::<u8>(), len as usize);
-    Ok(String::from_utf8_lossy(bytes).into_owned())
+/// The text of a Python `str` (`Ctx::service` always gives one).
+fn py_text(s: &Bound<'_, PyAny>) -> Result<String, Fail> {
+    let text = s
+        .cast::<PyString>()
+        .map_err(|e| Fail::Py(e.into()))?
+        .to_str();
+    Ok(text.map_err(Fail::Py)?.to_owned())
 }
 
-/// The checks and fields every span shares (they mirror otlp_typed._scope_spans: where the
+/// The checks and fields every span shares (they mirror `otlp._span`: where the
 /// generic path would normalise, record a warning or raise, decline): parent id, start,
 /// end, kind index, status index.
 #[allow(clippy::type_complexity)]
@@ -806,38 +891,6 @@ fn header<'doc>(
     Ok((parent, start, end, kind, code))
 }
 
-/// rustc's FxHash: the keys are short ids and names from one line, not attacker-chosen
-/// across lines (the map lives for one line), so a fast non-keyed hash is enough.
-#[derive(Default)]
-pub(crate) struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.add(u64::from_le_bytes(c.try_into().unwrap_or_default()));
-        }
-        for &b in chunks.remainder() {
-            self.add(u64::from(b));
-        }
-    }
-    fn write_u8(&mut self, b: u8) {
-        self.add(u64::from(b));
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.add(n as u64);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-impl FxHasher {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
 /// A trace or span id the Python paths take as it is: exactly `len` ASCII characters
 /// (they count characters; for ASCII that is the byte length).
 fn is_id(s: &str, len: usize) -> bool {
@@ -854,7 +907,7 @@ mod table;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/analysis/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 4)?;
+    m.add("ABI_VERSION", 5)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;

@@ -7,6 +7,8 @@ use pyo3::prelude::*;
 /// Whether `cls` is a tuple subclass (a named tuple class). Checked where a class is handed
 /// in, so that [`new`] may fill its item slots.
 pub(crate) fn is_tuple_class(cls: &Bound<'_, PyAny>) -> bool {
+    // SAFETY: `cls` is a live object (a `Bound`, so the GIL is held); the checks only read
+    // its type, and `PyType_IsSubtype` is called only once it is known to be a type.
     unsafe {
         ffi::PyType_Check(cls.as_ptr()) != 0
             && ffi::PyType_IsSubtype(
@@ -28,8 +30,10 @@ where
     I: ExactSizeIterator<Item = *mut ffi::PyObject>,
 {
     let tp = cls.cast::<ffi::PyTypeObject>();
-    // tp_alloc of a tuple subclass is PyType_GenericAlloc: zeroed item slots (named tuples
-    // add no fields of their own).
+    // SAFETY: `cls` is a tuple subclass (every caller checked it with `is_tuple_class`
+    // when it was handed in) and `py` proves the GIL is held. Its tp_alloc is
+    // PyType_GenericAlloc: zeroed item slots (named tuples add no fields of their own), so
+    // each index below the length is an empty slot that takes over one item's reference.
     unsafe {
         let alloc = (*tp).tp_alloc.unwrap_or(ffi::PyType_GenericAlloc);
         let obj = alloc(tp, items.len() as ffi::Py_ssize_t);

@@ -443,3 +443,98 @@ impl<'a> Scanner<'a> {
         Ok(Obj(ArrayValue { values }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPAN: &str = r#"{"traceId":"0123456789abcdef0123456789abcdef","spanId":"0123456789abcdef","name":"llm.step","startTimeUnixNano":"1","endTimeUnixNano":"2"}"#;
+
+    fn line(span: &str) -> String {
+        format!(r#"{{"resourceSpans":[{{"scopeSpans":[{{"spans":[{span}]}}]}}]}}"#)
+    }
+
+    fn spans(text: &str) -> Option<usize> {
+        let doc = export(text)?;
+        let rss = doc.0.resource_spans.flatten().unwrap_or_default();
+        Some(
+            rss.iter()
+                .flat_map(|rs| rs.scope_spans.iter().flatten())
+                .map(|ss| ss.spans.as_ref().map_or(0, Vec::len))
+                .sum(),
+        )
+    }
+
+    #[test]
+    fn reads_a_plain_line_with_whitespace_and_trailing_whitespace() {
+        assert_eq!(spans(&line(SPAN)), Some(1));
+        assert_eq!(spans(&format!(" \t{}\r\n ", line(SPAN))), Some(1));
+        assert_eq!(spans(r#"{"resourceSpans": []}"#), Some(0));
+    }
+
+    #[test]
+    fn skips_unknown_members_but_requires_them_to_be_json() {
+        let text = r#"{"x": [1, {"y": -0.5e-3}, "z", null, true], "resourceSpans": []}"#;
+        assert_eq!(spans(text), Some(0));
+        assert!(export(r#"{"x": [1,, 2], "resourceSpans": []}"#).is_none());
+        assert!(export(r#"{"x": tr, "resourceSpans": []}"#).is_none());
+    }
+
+    #[test]
+    fn gives_up_on_what_serde_must_read() {
+        // Trailing content, a duplicate known key, an escape, a null, a missing field.
+        assert!(export(r#"{"resourceSpans": []} x"#).is_none());
+        assert!(export(r#"{"resourceSpans": [], "resourceSpans": []}"#).is_none());
+        assert!(export(&line(&SPAN.replace("llm.step", r"llm.\u0073tep"))).is_none());
+        assert!(export(&line(
+            &SPAN.replace(r#""name":"llm.step""#, r#""name":null"#)
+        ))
+        .is_none());
+        assert!(export(&line(&SPAN.replace(r#","name":"llm.step""#, ""))).is_none());
+        assert!(export(&line(SPAN)[..40]).is_none()); // cut off mid-line
+    }
+
+    #[test]
+    fn integers_are_plain_digits_and_doubles_strict_json() {
+        let time = |t: &str| line(&SPAN.replace(r#""1""#, t));
+        assert!(export(&time("170000000000000000")).is_some());
+        // A sign, a fraction, an exponent, a leading zero, 19 digits and more: serde's.
+        for odd in ["-1", "1.0", "1e3", "01", "1700000000000000000"] {
+            assert!(export(&time(odd)).is_none(), "{odd}");
+        }
+        let double = |d: &str| {
+            let attrs = format!(r#","attributes":[{{"key":"d","value":{{"doubleValue":{d}}}}}]}}"#);
+            line(&SPAN.replacen('}', &attrs, 1))
+        };
+        assert!(export(&double("0.25")).is_some());
+        for odd in ["-0", "1e999", ".5", "1.", "+1"] {
+            assert!(export(&double(odd)).is_none(), "{odd}");
+        }
+    }
+
+    #[test]
+    fn nesting_beyond_the_limit_gives_up() {
+        let deep = format!(
+            r#"{{"x": {}1{}, "resourceSpans": []}}"#,
+            "[".repeat(MAX_DEPTH + 2),
+            "]".repeat(MAX_DEPTH + 2)
+        );
+        assert!(export(&deep).is_none());
+        let shallow = format!(
+            r#"{{"x": {}1{}, "resourceSpans": []}}"#,
+            "[".repeat(8),
+            "]".repeat(8)
+        );
+        assert_eq!(spans(&shallow), Some(0));
+    }
+
+    #[test]
+    fn stops_finds_quotes_backslashes_and_control_characters() {
+        let word = |b: &[u8; 8]| stops(u64::from_le_bytes(*b));
+        assert_eq!(word(b"abcdefgh"), 0);
+        assert_eq!(word(b"abc\"efgh").trailing_zeros() / 8, 3);
+        assert_eq!(word(b"\\bcdefgh").trailing_zeros() / 8, 0);
+        assert_eq!(word(b"abcdefg\n").trailing_zeros() / 8, 7);
+        assert_eq!(word("é€abc".as_bytes()[..8].try_into().unwrap()), 0); // UTF-8 is not a stop
+    }
+}

@@ -5,8 +5,12 @@ module v1.76.0); the gateway-tier collector from ``tools/collector`` (a minimal
 OpenTelemetry Collector distribution with the loadbalancing exporter). Both go.sum
 files are committed, so a build needs only the Go module proxy.
 
-Cache: ``${LLMTRACE_CACHE:-~/.cache/llmtrace}/jaeger-v1.76.0/jaeger`` and
-``.../otelcol-lb-v0.140.1-<hash of tools/collector>/otelcol-lb``.
+promtool (``promtool test rules`` for deploy/prometheus/alerts.yml) from ``tools/promtool/go.mod``
+(``tool github.com/prometheus/prometheus/cmd/promtool``, module v0.316.0) the same way.
+
+Cache: ``${LLMTRACE_CACHE:-~/.cache/llmtrace}/jaeger-v1.76.0/jaeger``,
+``.../otelcol-lb-v0.140.1-<hash of tools/collector>/otelcol-lb`` and
+``.../promtool-v0.316.0/promtool``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 JAEGER_MODULE_VERSION = "v1.76.0"
 JAEGER_PACKAGE = "github.com/jaegertracing/jaeger/cmd/jaeger"
 GATEWAY_COLLECTOR_VERSION = "v0.140.1"  # opentelemetry-collector-contrib, the version Jaeger v1.76.0 uses
+#: promtool for the alert-rule unit tests (deploy/prometheus/alerts.yml), from ``tools/promtool``;
+#: Prometheus 3.x publishes its Go module as v0.3xx (v0.316.0 is Prometheus 3.16).
+PROMTOOL_MODULE_VERSION = "v0.316.0"
+PROMTOOL_PACKAGE = "github.com/prometheus/prometheus/cmd/promtool"
 
 # A cold build of Jaeger on 2 cores takes ~8 minutes; a wedged `go` should not hang CI forever.
 BUILD_TIMEOUT_S = 45 * 60
@@ -96,3 +104,17 @@ def build_jaeger() -> Path:
 def build_gateway_collector() -> Path:
     """The cached gateway-tier collector (otlp + loadbalancing), built from ``tools/collector``."""
     return _build(gateway_collector_path(), REPO_ROOT / "tools" / "collector", ".", "build.log")
+
+
+def promtool_path() -> Path:
+    """The cached build, else a ``promtool`` on PATH (Debian's ``prometheus`` package, which
+    ``.ci/run setup`` installs: a cold Go build of promtool takes 15-30 min on 2 cores)."""
+    cached = cache_dir() / f"promtool-{PROMTOOL_MODULE_VERSION}" / "promtool"
+    if not cached.exists() and (found := shutil.which("promtool")):
+        return Path(found)
+    return cached
+
+
+def build_promtool() -> Path:
+    """A promtool binary (:func:`promtool_path`), built from ``tools/promtool`` if there is none."""
+    return _build(promtool_path(), REPO_ROOT / "tools" / "promtool", PROMTOOL_PACKAGE, "build.log")

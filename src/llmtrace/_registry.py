@@ -28,6 +28,7 @@ REGISTRY: tuple[IntegrationSpec, ...] = (
     IntegrationSpec("aiohttp", "aiohttp.web", "llmtrace.integrations.aiohttp", "aiohttp"),
     IntegrationSpec("grpc", "grpc", "llmtrace.integrations.grpc", "grpcio"),
     IntegrationSpec("vllm", "vllm", "llmtrace.integrations.vllm", "vllm"),
+    IntegrationSpec("sglang", "sglang.srt", "llmtrace.integrations.sglang", "sglang"),
 )
 
 NAMES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY)

@@ -54,6 +54,9 @@ LLM_SPEC_ACCEPTED_TOKENS: Final = "llm.spec_decode.accepted_tokens"
 LLM_SPEC_ACCEPTANCE_RATE: Final = "llm.spec_decode.acceptance_rate"
 #: The LoRA adapter that served the request (no GenAI convention names one; llm.* is ours).
 LLM_REQUEST_LORA: Final = "llm.request.lora"
+#: The model that answered, where it differs from the one asked for (the cohort comparison
+#: falls back to it when gen_ai.request.model is absent).
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 # vLLM's own tracing (``--otlp-traces-endpoint``, vllm/tracing): one SERVER span per request,
 # its phases as latency attributes, the token counts under the older GenAI names.
 VLLM_SPAN_REQUEST: Final = "llm_request"
@@ -110,6 +113,8 @@ LLM_BATCH_SIZE: Final = "llm.batch.size"
 LLM_BATCH_PREFILL_TOKENS: Final = "llm.batch.prefill_tokens"
 LLM_BATCH_DECODE_TOKENS: Final = "llm.batch.decode_tokens"
 LLM_BATCH_REQUEST_IDS: Final = "llm.batch.request_ids"
+#: How the engine ran the batch, where it says: ``extend`` (prefill), ``decode``, ``mixed`` (SGLang).
+LLM_BATCH_FORWARD_MODE: Final = "llm.batch.forward_mode"
 LLM_BATCH_CACHED_TOKENS: Final = "llm.batch.cached_tokens"  # prompt tokens of the step served from the prefix cache
 LLM_QUEUE_WAITING: Final = "llm.queue.waiting"
 LLM_QUEUE_RUNNING: Final = "llm.queue.running"
@@ -155,6 +160,11 @@ HW_GPU_NAME: Final = "hw.gpu.name"  # metric attribute: the product name, e.g. "
 HW_GPU_ECC_UNCORRECTED: Final = "hw.gpu.ecc.uncorrected"  # volatile uncorrected ECC errors, count
 HW_GPU_PERFORMANCE_STATE: Final = "hw.gpu.performance_state"  # P-state, 0 (max) .. 15
 # ---- end GPU additions
+# ------------------------------------------------------------------- resource (OpenTelemetry)
+#: The resource attribute naming the process's service: the analyzer's clock domains and
+#: per-service views key on it.
+SERVICE_NAME: Final = "service.name"
+
 # ------------------------------------------------------------------- HTTP server (stable semconv)
 # llmtrace's own SERVER span and HTTP metrics use the stable HTTP semantic conventions,
 # the names OpenTelemetry's instrumentations emit with OTEL_SEMCONV_STABILITY_OPT_IN=http.
@@ -194,6 +204,32 @@ HEADER_TRACERESPONSE: Final = "traceresponse"
 HEADER_SERVER_TIMING: Final = "server-timing"
 HEADER_EXPOSE_HEADERS: Final = "access-control-expose-headers"
 
+# ---- load client (`llmtrace load`): one CLIENT span per request it sends, above the server's
+# SERVER span (HTTP client + GenAI client conventions, plus where in the load the request was).
+LOAD_CLIENT_ROLE: Final = "load-client"  # llmtrace.process.role of the load tool
+URL_FULL: Final = "url.full"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+METRIC_CLIENT_OPERATION_DURATION: Final = "gen_ai.client.operation.duration"
+LLM_CLIENT_TTFT_S: Final = "llm.client.ttft_s"  # send -> first content chunk, seconds
+LLM_CLIENT_TPOT_S: Final = "llm.client.tpot_s"  # (last - first chunk) / (output tokens - 1)
+LLM_CLIENT_ITL_MEAN_S: Final = "llm.client.itl.mean_s"
+LLM_CLIENT_ITL_P50_S: Final = "llm.client.itl.p50_s"
+LLM_CLIENT_ITL_P99_S: Final = "llm.client.itl.p99_s"
+LLM_CLIENT_ITL_MAX_S: Final = "llm.client.itl.max_s"
+LLM_LOAD_RUN_ID: Final = "llm.load.run_id"
+LLM_LOAD_PROFILE: Final = "llm.load.profile"  # steady | steps | burst | long-tail | replay
+LLM_LOAD_STEP: Final = "llm.load.step"  # index of the load step the request belonged to
+LLM_LOAD_STEP_LABEL: Final = "llm.load.step.label"  # "qps=4" / "concurrency=8"
+LLM_LOAD_OFFERED_QPS: Final = "llm.load.offered_qps"
+LLM_LOAD_CONCURRENCY: Final = "llm.load.concurrency"
+LLM_LOAD_SEND_LAG_S: Final = "llm.load.send_lag_s"  # actual send - intended send, seconds
+#: Seconds the request waited for a connection of the client's own pool (--max-connections):
+#: a queue on the client's side, inside the CLIENT span, before the server saw anything.
+LLM_LOAD_POOL_WAIT_S: Final = "llm.load.pool_wait_s"
+LLM_LOAD_CHAOS: Final = "llm.load.chaos"  # disconnect | malformed | slow-reader
+LLM_LOAD_OUTCOME: Final = "llm.load.outcome"  # ok | http_error | timeout | ... | chaos
+LLM_LOAD_REQUESTED_INPUT_TOKENS: Final = "llm.load.requested_input_tokens"
+# ---- end load client
 # ------------------------------------------------------------------- resource
 LLMTRACE_VERSION_ATTR: Final = "llmtrace.version"
 LLMTRACE_PROCESS_ROLE: Final = "llmtrace.process.role"  # api-server | engine | worker

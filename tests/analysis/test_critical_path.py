@@ -7,6 +7,7 @@ import random
 import pytest
 
 from llmtrace.analysis import analyze, build_traceset
+from llmtrace.analysis._kernels import KERNELS, PYTHON
 from llmtrace.analysis.critical_path import aggregate, critical_path, exclusive_by_name
 from llmtrace.analysis.model import Link, Span, SpanKind, Trace
 from tests.analysis.builders import T0, request_trace, span
@@ -166,31 +167,29 @@ def _random_tree(rng: random.Random) -> tuple[Trace, Span]:
 
 
 def test_compiled_walk_and_python_walk_agree_on_random_trees() -> None:
-    """native/src/critical_path.rs against the Python reference: same sections, same objects."""
-    from llmtrace.analysis import critical_path as cp
-
-    if cp._compiled is None:
+    """native/src/critical_path.rs against the Python oracle: same sections, same objects."""
+    if not KERNELS.compiled:
         pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
     rng = random.Random(5)
     for _ in range(3000):
         trace, root = _random_tree(rng)
         allowance = rng.choice([0, 0, 1_000_000, 5_000_000])
-        python = cp._critical_path(trace, root, allowance)
-        compiled = cp.critical_path(trace, root, overlap_allowance_ns=allowance)
+        python = PYTHON.critical_path(trace.children, root, allowance)
+        compiled = critical_path(trace, root, overlap_allowance_ns=allowance)
         assert compiled == python
         assert [s.span for s in compiled] == [s.span for s in python]
 
 
 def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() -> None:
-    """native/src/critical_path.rs's ``path_totals`` against the Python reference
-    (``critical_path`` + ``aggregate`` + ``_dominant``): the same per-name stats, folded
-    stacks (in the same order: the flame view keeps first-seen order among ties) and
-    dominant segments, with and without a first token, over random request trees."""
+    """native/src/critical_path.rs's ``path_totals`` against the Python oracle: the same
+    per-name totals, folded stacks (in the same order: the flame view keeps first-seen order
+    among ties) and dominant segments, with and without a first token, over random request
+    trees."""
     from llmtrace import semconv as sc
-    from llmtrace.analysis import critical_path as cp
+    from llmtrace.analysis.critical_path import path_items
     from llmtrace.analysis.model import RequestView
 
-    if cp._compiled_totals is None:
+    if not KERNELS.compiled:
         pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
     rng = random.Random(9)
     for _ in range(150):
@@ -203,9 +202,10 @@ def test_compiled_path_totals_and_python_aggregation_agree_on_random_requests() 
             trace = Trace.build(trace.trace_id, [request if s is root else s for s in trace.spans])
             requests.append(RequestView.of(trace, request, None, {}))
         allowance = rng.choice([0, 1_000_000])
-        compiled = cp.request_paths(requests, overlap_allowance_ns=allowance)
-        python = cp._request_paths(requests, cp._path_items(requests), allowance)
+        compiled = KERNELS.path_totals(path_items(requests), allowance)
+        python = PYTHON.path_totals(path_items(requests), allowance)
         assert compiled == python
+        assert list(compiled.totals) == list(python.totals)
         assert list(compiled.folded) == list(python.folded)
         assert list(compiled.dominant) == list(python.dominant)
 

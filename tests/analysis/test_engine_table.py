@@ -14,7 +14,10 @@ import pytest
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import analyze, build_traceset, to_json
-from llmtrace.analysis.model import Link, Span, TraceSet
+from llmtrace.analysis._kernels import KERNELS, PYTHON
+from llmtrace.analysis._steps import GapInputs
+from llmtrace.analysis.intervals import merge
+from llmtrace.analysis.model import GAP_CAUSES, Link, Span, TraceSet
 from llmtrace.analysis.sources import load_spans, new_engine_table
 from llmtrace.analysis.synthetic import SimConfig, write_jsonl
 from tests.analysis.builders import engine_window, random_engine, request_trace, span
@@ -162,15 +165,59 @@ def _busy_engine(rng: random.Random) -> list[Span]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_random_engines_read_compiled_and_analyse_the_same(seed: int, tmp_path: Path) -> None:
+def _read_random(seed: int, tmp_path: Path) -> tuple[random.Random, TraceSet, TraceSet]:
+    """A random engine (every other seed a busy one) read both ways, and the generator."""
     rng = random.Random(seed)
     spans = random_engine(rng) if seed % 2 else _busy_engine(rng)
     path = tmp_path / "engine.jsonl"
     write_spans(path, spans, rng)
     compiled, plain = read_both(path)
     assert _compiled(compiled)
+    return rng, compiled, plain
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_engines_read_compiled_and_analyse_the_same(seed: int, tmp_path: Path) -> None:
+    _, compiled, plain = _read_random(seed, tmp_path)
     assert_same(compiled, plain)
+
+
+def _intervals(rng: random.Random, span: tuple[int, int], k: int) -> list[tuple[int, int]]:
+    """``k`` random intervals inside ``span``, merged."""
+    t0, t1 = span
+    starts = [rng.randint(t0, t1) for _ in range(k)]
+    return merge(sorted((a, a + rng.randint(0, (t1 - t0) // 4)) for a in starts))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_engine_answers_as_the_python_reference(seed: int, tmp_path: Path) -> None:
+    """Every question the analyzers ask about an engine's steps (``KERNELS.engine``), asked
+    of the table and of the Python reference over the same engine's steps, random inputs."""
+    rng, compiled, _ = _read_random(seed, tmp_path)
+    views = list(compiled.engines.values())
+    assert PYTHON.step_stats(views) == KERNELS.step_stats(views)
+    for view in views:
+        table, python = KERNELS.engine(view), PYTHON.engine(view)
+        assert type(table) is not type(python)
+        n = len(view.steps)
+        assert python.segments() == table.segments()
+        assert python.step_runs() == table.step_runs()
+        assert python.step_starts() == table.step_starts()
+        for lo, hi in [(0, n), (0, 0), *((rng.randint(0, n), rng.randint(0, n)) for _ in range(4))]:
+            assert python.step_stats(lo, hi) == table.step_stats(lo, hi)
+        starts = python.step_starts()
+        span = (starts[0], view.steps[-1].step.end_ns) if starts else (0, 1)
+        sweep = GapInputs(
+            _intervals(rng, span, 3) if rng.random() < 0.5 else python.segments(),
+            _intervals(rng, span, rng.randint(0, 5)),
+            [(a, b, rng.randrange(len(GAP_CAUSES))) for a, b in _intervals(rng, span, 4)],
+        )
+        engine_work = [w for w in sweep.work if rng.random() < 0.6]
+        windows = [(w.start_ns, w.end_ns) for w in view.windows] + _intervals(rng, span, 2)
+        assert python.gaps(sweep) == table.gaps(sweep)
+        found, totals = table.idle(sweep, engine_work, windows)
+        expected = python.idle(sweep, engine_work, windows)
+        assert (tuple(expected.gaps), expected.totals) == (tuple(found), totals)
 
 
 def test_windows_without_steps_and_engines_without_windows(tmp_path: Path) -> None:
@@ -331,7 +378,7 @@ def test_a_trace_set_of_some_compiled_engines_counts_only_their_steps(tmp_path: 
     engine of the table behind them (a caller may narrow ``engines``)."""
     import dataclasses
 
-    from llmtrace.analysis import bottleneck, summary
+    from llmtrace.analysis import summary
 
     spans = engine_window("dp0", [(0, 1, 2, 3), (3, 4, 5, 6)], step_attrs={sc.LLM_QUEUE_WAITING: 3})
     spans += engine_window("dp1", [(0, 1, 2, 3)], step_attrs={sc.LLM_QUEUE_WAITING: 9})
@@ -342,6 +389,6 @@ def test_a_trace_set_of_some_compiled_engines_counts_only_their_steps(tmp_path: 
     one = dataclasses.replace(compiled, engines={"dp1": compiled.engines["dp1"]})
     one_plain = dataclasses.replace(plain, engines={"dp1": plain.engines["dp1"]})
     stats = summary._all_step_stats(one.engines)
-    assert stats == bottleneck.step_stats(plain.engines["dp1"].steps)
+    assert stats == PYTHON.step_stats([plain.engines["dp1"]])
     assert (stats.steps, stats.waiting_sum) == (1, 9.0)
     assert to_json(analyze(one)) == to_json(analyze(one_plain))

@@ -16,15 +16,15 @@ import httpx
 import pytest
 
 from llmtrace.analysis import analyze, build_traceset, to_json
+from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.report.html import render_html
 from llmtrace.analysis.sources import load_spans
-from llmtrace.analysis.sources.otlp_native import AVAILABLE as NATIVE
 from llmtrace.analysis.synthetic import SimConfig, simulate
 from tests.analysis.reader_fuzz import carrier_case, case, jaeger_transport, outcome
 
 CASES_PER_BLOCK = 50
-DECODERS = ["generic", "typed", *(["native"] if NATIVE else [])]
+DECODERS = ["generic", *(["native"] if KERNELS.compiled else [])]
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """GPU idle gaps: known idle ratios, cause classification, work-waiting split, sampling.
 
-Every test runs twice: against the Python sweeps of gpu_idle.py (the reference) and against
-their compiled port in llmtrace-native (skipped, saying so, where it is not built);
-test_gpu_idle_compiled.py compares the two on random engines.
+Every test runs twice: against the Python kernels (``_oracle.classify_gaps``, the reference)
+and against the compiled ones in llmtrace-native (skipped, saying so, where it is not
+built); test_gpu_idle_compiled.py compares the two on random engines.
 """
 
 from __future__ import annotations
@@ -13,19 +13,18 @@ import pytest
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import gpu_idle
+from llmtrace.analysis._kernels import KERNELS, PYTHON
 from llmtrace.analysis.build import build_traceset
 from llmtrace.analysis.gpu_idle import engine_idle
 from llmtrace.analysis.model import Span
 from tests.analysis.builders import T0, engine_window, random_engine, request_trace, span
 
-COMPILED = gpu_idle._compiled_classify_gaps()
-
 
 @pytest.fixture(autouse=True, params=["python", "compiled"])
 def sweeps(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "compiled" and COMPILED is None:
+    if request.param == "compiled" and not KERNELS.compiled:
         pytest.skip("llmtrace-native not built (needs cargo: pip install ./native)")
-    monkeypatch.setattr(gpu_idle, "_native_classify_gaps", COMPILED if request.param == "compiled" else None)
+    monkeypatch.setattr(gpu_idle, "KERNELS", KERNELS if request.param == "compiled" else PYTHON)
     return str(request.param)
 
 # Each step: 1 ms schedule, 8 ms forward, 1 ms postprocess, back to back -> 20% idle.

@@ -1,9 +1,10 @@
-"""The compiled decoder (native/, sources/otlp_native.py) against the Python paths.
+"""The compiled decoder (native/, ``_kernels.NativeKernels.decode_line``) against the
+generic Python reader.
 
-Like the typed path, it must give the very same spans, warnings and errors as the generic
-dict path, and decline (return ``None``) every line it cannot convert exactly; declined
-lines go to the typed path, then the generic one. The module is built by ``.ci/run`` when
-a Rust toolchain is present; without one these tests are skipped and say so.
+It must give the very same spans, warnings and errors as the generic dict path, and
+decline (return ``None``) every line it cannot convert exactly; declined lines go to the
+generic path. The module is built by ``.ci/run`` when a Rust toolchain is present; without
+one these tests are skipped and say so.
 """
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ from typing import Any
 
 import pytest
 
+from llmtrace.analysis._kernels import KERNELS, NativeKernels
 from llmtrace.analysis.errors import SourceError
-from llmtrace.analysis.sources import load_spans, otlp_native, otlp_typed
+from llmtrace.analysis.sources import load_spans
 from llmtrace.analysis.sources.otlp import Interner, spans_from_otlp
 from llmtrace.analysis.synthetic import SimConfig, write_jsonl
+from tests.analysis.test_line_reading import FIXTURES, both, edge_lines, errors_by_decoder, same
 from tests.analysis.test_sources import TID, doc, otlp_span, write_lines
-from tests.analysis.test_typed_decoder import FIXTURES, _both, _edge_lines, _same, errors_by_decoder
 
 pytestmark = pytest.mark.skipif(
-    not otlp_native.AVAILABLE, reason="llmtrace-native not built (needs cargo: pip install ./native)"
+    not isinstance(KERNELS, NativeKernels), reason="llmtrace-native not built (needs cargo: pip install ./native)"
 )
+
+
+def _native(line: bytes, intern: Interner) -> list[Any] | None:
+    return KERNELS.decode_line(line, intern.strings, None)
 
 
 def _generic(line: bytes) -> list[Any]:
@@ -127,7 +133,7 @@ DECLINED = {
 @pytest.mark.parametrize("case", list(TAKEN))
 def test_takes_plain_otlp_and_converts_it_exactly(case: str) -> None:
     line = json.dumps(TAKEN[case]).encode()
-    native = otlp_native.spans_from_line(line, Interner())
+    native = _native(line, Interner())
     assert native is not None, f"declined: {case}"
     generic = _generic(line)
     assert repr(native) == repr(generic)
@@ -139,7 +145,7 @@ def test_takes_plain_otlp_and_converts_it_exactly(case: str) -> None:
 
 @pytest.mark.parametrize("case", list(DECLINED))
 def test_declines_what_only_the_python_paths_convert_exactly(case: str) -> None:
-    assert otlp_native.spans_from_line(json.dumps(DECLINED[case]).encode(), Interner()) is None
+    assert _native(json.dumps(DECLINED[case]).encode(), Interner()) is None
 
 
 @pytest.mark.parametrize(
@@ -147,14 +153,14 @@ def test_declines_what_only_the_python_paths_convert_exactly(case: str) -> None:
     [b"", b"\n", b"{not json", b'{"resourceSpans": [', b"\xff\xfe{}", b'{"resourceSpans": [], "resourceSpans": []}'],
 )
 def test_declines_malformed_lines(line: bytes) -> None:
-    assert otlp_native.spans_from_line(line, Interner()) is None
+    assert _native(line, Interner()) is None
 
 
 def test_interns_what_the_python_paths_intern() -> None:
     intern = Interner()
     line = json.dumps(doc(otlp_span(attributes=_attrs(k={"stringValue": "short"})))).encode()
-    a = otlp_native.spans_from_line(line, intern)
-    b = otlp_native.spans_from_line(line, intern)
+    a = _native(line, intern)
+    b = _native(line, intern)
     assert a is not None and b is not None
     assert a[0].trace_id is b[0].trace_id and a[0].name is b[0].name
     assert a[0].attributes["k"] is b[0].attributes["k"]
@@ -162,13 +168,11 @@ def test_interns_what_the_python_paths_intern() -> None:
 
 
 def test_edge_file_reads_as_the_generic_path_reads_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Declined lines go to the typed path; a value with several keys is left out (there the
-    # typed path knowingly differs from the generic one: otlp_typed.py's docstring).
-    declined = [d for case, d in DECLINED.items() if case != "several keys in one value"]
-    lines = _edge_lines() + list(TAKEN.values()) + [d for d in declined if "resourceSpans" in d]
+    declined = list(DECLINED.values())
+    lines = edge_lines() + list(TAKEN.values()) + [d for d in declined if "resourceSpans" in d]
     path = write_lines(tmp_path / "edge.jsonl", [d for d in lines if _generic_ok(d)])
-    native, generic = _both(path, monkeypatch, fast="native")
-    _same(native, generic)
+    native, generic = both(path, monkeypatch, fast="native")
+    same(native, generic)
     assert len(native.spans) > 30
 
 
@@ -181,22 +185,19 @@ def _generic_ok(d: Any) -> bool:
 
 
 @pytest.mark.parametrize("name", ["sim_small.jsonl.gz", "reference_server.jsonl.gz", "jaeger_v3_response.json.gz"])
-def test_fixtures_read_the_same(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    native, generic = _both(str(FIXTURES / name), monkeypatch, fast="native")
-    _same(native, generic)
+def test_fixtures_read_thesame(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    native, generic = both(str(FIXTURES / name), monkeypatch, fast="native")
+    same(native, generic)
 
 
-def test_simulated_server_output_is_taken_whole_and_matches_the_typed_path(tmp_path: Path) -> None:
+def test_simulated_server_output_is_taken_whole_and_matches_the_generic_path(tmp_path: Path) -> None:
     path = tmp_path / "sim.jsonl"
     write_jsonl(str(path), SimConfig(duration_s=3, arrival_rate=20, seed=5))
-    a, b = Interner(), Interner()
+    intern = Interner()
     for line in path.read_bytes().splitlines(keepends=True):
-        native = otlp_native.spans_from_line(line, a)
+        native = _native(line, intern)
         assert native is not None
-        if otlp_typed.AVAILABLE:
-            assert native == otlp_typed.spans_from_line(line, b)
-        else:
-            assert repr(native) == repr(_generic(line))
+        assert repr(native) == repr(_generic(line))
 
 
 def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,7 +210,7 @@ def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_an_unknown_decoder_choice_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span())])
     monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", "fastest")
-    with pytest.raises(SourceError, match="use native, typed or generic"):
+    with pytest.raises(SourceError, match="use native or generic"):
         load_spans(path)
 
 
@@ -225,7 +226,7 @@ def test_double_values_are_correctly_rounded() -> None:
     ]
     body = ",".join(f'{{"key": "k{i}", "value": {{"doubleValue": {t}}}}}' for i, t in enumerate(texts))
     line = json.dumps(doc(otlp_span(attributes="@@"))).replace('"@@"', f"[{body}]").encode()
-    spans = otlp_native.spans_from_line(line, Interner())
+    spans = _native(line, Interner())
     assert spans is not None
     got = [spans[0].attributes[f"k{i}"] for i in range(len(texts))]
     assert got == [float(t) for t in texts] and not any(math.isnan(x) for x in got)
@@ -279,7 +280,7 @@ def test_differential_fuzz_against_the_generic_path() -> None:
     taken = 0
     for _ in range(1500):
         line = json.dumps(_mutate(base, rng), ensure_ascii=rng.random() < 0.5).encode()
-        native = otlp_native.spans_from_line(line, Interner())
+        native = _native(line, Interner())
         if native is None:
             continue
         taken += 1
@@ -323,14 +324,15 @@ def _render(x: Any, rng: Any) -> str:
     return str(rng.choice([repr(x), f"{x:.17g}", f"{x:e}", f"{x:.3E}"]))
 
 
-def _decode_both(line: bytes) -> tuple[Any, Any]:
+def _decodeboth(line: bytes) -> tuple[Any, Any]:
     """The line read by the fast path (when it takes it) and by serde alone, each with an
     engine table: (spans, table spans) both ways."""
     out = []
     for scan in (True, False):
-        table = otlp_native.new_table()
+        assert isinstance(KERNELS, NativeKernels)
+        table = KERNELS.new_engine_table()
         assert table is not None
-        spans = otlp_native._DECODER.spans_from_line(line, Interner().strings, table.native, scan)
+        spans = KERNELS.decoder.spans_from_line(line, Interner().strings, table.native, scan)
         out.append((repr(spans), repr(table.merged_with([])),
                     None if spans is None else [[type(v) for v in s.attributes.values()] for s in spans]))
     return out[0], out[1]
@@ -371,9 +373,43 @@ def test_the_fast_path_reads_every_line_exactly_as_serde_does() -> None:
     lines += [t.encode() for t in texts]
     decoded = taken = 0
     for line in lines:
-        fast, slow = _decode_both(line)
+        fast, slow = _decodeboth(line)
         assert fast == slow, line
         decoded += slow[0] != "None"
         taken += native.scans(line) and slow[0] != "None"
     print(f"{len(lines)} lines, {decoded} decoded, {taken} of them by the fast path")
     assert taken > decoded // 3, (decoded, taken)
+
+
+def _decoder_named(engine_spans: list[str]) -> Any:
+    import llmtrace_native
+
+    from llmtrace import semconv as sc
+    from llmtrace.analysis._kernels import STEP_KEYS
+    from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
+
+    kinds, statuses = [SpanKind(i) for i in range(6)], [StatusCode(i) for i in range(3)]
+    return llmtrace_native.Decoder(Span, Link, kinds, statuses, EMPTY_ATTRS, engine_spans, sc.SERVICE_NAME, STEP_KEYS)
+
+
+def test_the_engine_span_names_are_the_callers_not_the_modules() -> None:
+    """The table takes the spans named as the decoder was built with (``_kernels`` passes
+    semconv's): built with other names, an ``llm.step`` span stays a Python object and the
+    span with the renamed name goes into the table."""
+    import llmtrace_native
+
+    from llmtrace.analysis._kernels import ENGINE_SPANS
+
+    decoder = _decoder_named([f"x.{name}" for name in ENGINE_SPANS])
+    table = llmtrace_native.EngineTable(decoder)
+    ours = decoder.spans_from_line(json.dumps(doc(otlp_span(name="llm.step"))).encode(), {}, table)
+    assert ours is not None and ["llm.step"] == [s.name for s in ours] and 0 == len(table)
+    renamed = decoder.spans_from_line(json.dumps(doc(otlp_span(name="x.llm.step"))).encode(), {}, table)
+    assert [] == renamed and 1 == len(table)
+
+
+def test_a_decoder_with_the_wrong_number_of_names_is_refused() -> None:
+    from llmtrace.analysis._kernels import ENGINE_SPANS
+
+    with pytest.raises(TypeError, match="need 7 engine span names and 8 step attribute keys"):
+        _decoder_named(ENGINE_SPANS[:-1])

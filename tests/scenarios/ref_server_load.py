@@ -17,23 +17,29 @@ from pathlib import Path
 import httpx
 
 
-async def _client(base_url: str, index: int, max_tokens: int, disconnect: bool) -> dict[str, object]:
-    body = {"prompt": "the scheduler batches requests " * (2 + index % 5), "max_tokens": max_tokens, "stream": True}
+async def _client(base_url: str, index: int, max_tokens: int, disconnect: bool,
+                  shared_prefix: str = "") -> dict[str, object]:
+    body = {"prompt": shared_prefix + "the scheduler batches requests " * (2 + index % 5), "max_tokens": max_tokens,
+            "stream": True, "stream_options": {"include_usage": True}}
     started = time.monotonic()
     first: float | None = None
     chunks = 0
+    usage: object = None
     async with httpx.AsyncClient(timeout=120) as client, client.stream(
         "POST", base_url + "/v1/completions", json=body, headers={"x-client": str(index)}
     ) as response:
         async for line in response.aiter_lines():
             if not line.startswith("data:") or line == "data: [DONE]":
                 continue
+            if (chunk := json.loads(line[len("data:"):])).get("usage") is not None:
+                usage = chunk["usage"]
+                continue
             chunks += 1
             if first is None:
                 first = time.monotonic() - started
             if disconnect and chunks >= 2:
                 return {"index": index, "outcome": "disconnected", "chunks": chunks}
-    return {"index": index, "outcome": "ok", "chunks": chunks, "client_ttft_s": first}
+    return {"index": index, "outcome": "ok", "chunks": chunks, "client_ttft_s": first, "usage": usage}
 
 
 async def _wait_idle(base_url: str, timeout_s: float = 30.0) -> dict[str, object]:
@@ -46,8 +52,10 @@ async def _wait_idle(base_url: str, timeout_s: float = 30.0) -> dict[str, object
             await asyncio.sleep(0.1)
 
 
-async def _load(base_url: str, clients: int, max_tokens: int, disconnects: int) -> dict[str, object]:
-    results = await asyncio.gather(*(_client(base_url, i, max_tokens, i < disconnects) for i in range(clients)))
+async def _load(base_url: str, clients: int, max_tokens: int, disconnects: int, sequential: bool = False,
+                shared_prefix: str = "") -> dict[str, object]:
+    calls = [_client(base_url, i, max_tokens, i < disconnects, shared_prefix) for i in range(clients)]
+    results = [await call for call in calls] if sequential else await asyncio.gather(*calls)
     return {"clients": results, "stats_after": await _wait_idle(base_url)}
 
 
@@ -57,6 +65,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--disconnects", type=int, default=1)
+    parser.add_argument("--sequential", action="store_true", help="one client after another")
+    parser.add_argument("--shared-prefix", default="", help="text every prompt starts with (a system prompt)")
     parser.add_argument("--engine", default="{}", help="EngineConfig overrides as JSON")
     parser.add_argument("--exporter", default=None, help="llmtrace exporter (default file:OUT)")
     parser.add_argument("--engine-clock-skew-ns", type=int, default=0,
@@ -78,7 +88,8 @@ def main() -> None:
     from llmtrace.server.runner import ServerThread
 
     with ServerThread(create_app(json.loads(args.engine))) as base_url:
-        result = asyncio.run(_load(base_url, args.clients, args.max_tokens, args.disconnects))
+        result = asyncio.run(_load(base_url, args.clients, args.max_tokens, args.disconnects, args.sequential,
+                                   args.shared_prefix))
     llmtrace.shutdown(timeout_s=10)
     if args.engine_clock_skew_ns:
         result["skewed_pids"] = [int(pid) for pid in Path(skew_report).read_text().split()]

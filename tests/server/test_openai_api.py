@@ -121,12 +121,13 @@ def test_the_async_client_streams_and_collects_both_endpoints_at_once(served: Se
         return "".join(pieces)
 
     async def run() -> list[Any]:
-        chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0}
-        text = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 5, "temperature": 0}
+        chat: dict[str, Any] = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 5, "temperature": 0}
+        text: dict[str, Any] = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 5, "temperature": 0}
         async with served.async_client() as client:
-            return await asyncio.gather(client.chat.completions.create(**chat), client.completions.create(**text),
+            return list(await asyncio.gather(client.chat.completions.create(**chat), client.completions.create(**text),
                                         stream_text(client.chat.completions.create, **chat),
-                                        stream_text(client.completions.create, **text))
+                                        stream_text(client.completions.create, **text)))
 
     chat, completion, chat_stream, completion_stream = asyncio.run(run())
     assert chat.choices[0].message.content == chat_stream
@@ -162,7 +163,7 @@ def test_n_above_one_is_refused(served: Served) -> None:
     """One choice per request: n=2 is a 400 naming n; n=1 is served."""
     with pytest.raises(openai.BadRequestError) as refused:
         served.client.completions.create(model=MODEL_NAME, prompt="hi", n=2)
-    assert ("n", "unsupported_value") == (refused.value.body["param"], refused.value.body["code"])  # type: ignore[index]
+    assert ("n", "unsupported_value") == (refused.value.body["param"], refused.value.body["code"])
     assert 1 == len(served.client.completions.create(model=MODEL_NAME, prompt="hi", n=1, max_tokens=2).choices)
 
 

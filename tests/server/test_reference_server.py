@@ -165,3 +165,30 @@ def test_engine_process_dying_fails_open_requests_cleanly(tmp_path: Path) -> Non
     ended = [r for r in requests if r.attr(semconv.LLM_REQUEST_FINISH_REASON) == semconv.FINISH_ERROR]
     assert 4 == len(ended)  # the three streams and the request refused after the death
     assert all("ERROR" == r.status.name for r in ended)
+
+
+#: Every prompt starts with this system prompt, several KV blocks long.
+SYSTEM_PROMPT = "You are the reference engine's assistant; answer briefly and cite the span model. " * 4
+
+
+def test_a_shared_system_prompt_is_served_from_the_prefix_cache(tmp_path: Path) -> None:
+    """Four requests one after another share a system prompt: the first computes it, the
+    others are served its full KV blocks from the prefix cache, on their spans, on the steps
+    that admitted them and in the API's ``usage.prompt_tokens_details``."""
+    run = load_run("ref_server_load.py", tmp_path / "traces.jsonl", "--clients", "4", "--disconnects", "0",
+                   "--sequential", "--max-tokens", "4", "--shared-prefix", SYSTEM_PROMPT,
+                   "--engine", json.dumps({"block_size": 16}))
+    requests = sorted(run.named(semconv.SPAN_REQUEST), key=lambda s: s.start_ns)
+    assert 4 == len(requests)
+    cached = [r.attr(semconv.LLM_PROMPT_TOKENS_CACHED) for r in requests]
+    assert 0 == cached[0]
+    for request, hit in zip(requests[1:], cached[1:], strict=True):
+        assert isinstance(hit, int) and hit > 0 and 0 == hit % 16, cached
+        assert hit == request.attr(semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
+        prompt = request.attr(semconv.GEN_AI_USAGE_INPUT_TOKENS)
+        assert isinstance(prompt, int) and hit < prompt
+        assert prompt - hit == request.attr(semconv.LLM_PROMPT_TOKENS_COMPUTED)
+    usage_cached = [c["usage"]["prompt_tokens_details"]["cached_tokens"] for c in run.result["clients"]]
+    assert cached == usage_cached
+    step_cached = sum(int(s.attr(semconv.LLM_BATCH_CACHED_TOKENS) or 0) for s in run.named(semconv.SPAN_STEP))
+    assert sum(cached) == step_cached

@@ -56,13 +56,19 @@ def start(model: str, *, env: dict[str, str], log_path: Path, extra_args: list[s
     port = free_port()
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port", str(port),
                "--host", "127.0.0.1", "--served-model-name", "tiny", *(extra_args or [])]
+    return start_command(command, port, env=env, log_path=log_path, timeout_s=timeout_s, what="vllm serve")
+
+
+def start_command(command: list[str], port: int, *, env: dict[str, str], log_path: Path,
+                  timeout_s: float = START_TIMEOUT_S, what: str = "the server") -> Server:
+    """Run *command* (a server listening on *port*); returns once ``/health`` answers (raises on failure)."""
     with log_path.open("wb") as log:  # the child keeps its own descriptor
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = Server(process, port, log_path)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {process.returncode}:\n{server.log_tail()}")
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{server.log_tail()}")
         try:
             with urllib.request.urlopen(server.base + "/health", timeout=2) as response:
                 if response.status == 200:
@@ -71,7 +77,7 @@ def start(model: str, *, env: dict[str, str], log_path: Path, extra_args: list[s
             pass
         time.sleep(1.0)
     stop(server)
-    raise RuntimeError(f"vllm serve did not become healthy in {timeout_s:.0f}s:\n{server.log_tail()}")
+    raise RuntimeError(f"{what} did not become healthy in {timeout_s:.0f}s:\n{server.log_tail()}")
 
 
 def stop(server: Server, timeout_s: float = 60.0) -> int:

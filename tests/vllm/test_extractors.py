@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from llmtrace.integrations._targets import version_supported
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from tests.vllm.conftest import driven, requires_vllm
@@ -161,7 +162,7 @@ def test_engine_id_and_model_name_from_config_stand_ins() -> None:
                                                     ("0.34.0", False), ("0.29.9", False), (None, False)])
 def test_version_range(version: str | None, supported: bool) -> None:
     """The declared range is inclusive below, exclusive above; dev/local suffixes are ignored."""
-    assert supported == X.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE)
+    assert supported == version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE)
 
 
 def test_speculative_decoding_counts_follow_vllms_accounting(scheduler: Any) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import wrapt
 
+from llmtrace.integrations._targets import Target
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm.patch import VllmInstrumentor
 from tests.vllm.conftest import requires_vllm
@@ -15,7 +16,7 @@ from tests.vllm.conftest import requires_vllm
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
 
-def _raw(target: C.Target) -> Any:
+def _raw(target: Target) -> Any:
     """The attribute as stored on its class (a wrapt proxy once patched)."""
     parent, attribute, _original = wrapt.resolve_path(target.module, target.path)
     return vars(parent).get(attribute)

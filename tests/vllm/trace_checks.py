@@ -75,8 +75,9 @@ class Report:
 
 
 def check(spans: list[Span], *, expected_requests: int | None = None, expect_decode: bool = True,
-          expect_engine: bool = True, expect_tokenize: bool = True) -> Report:
-    """The vLLM span model: requests (API server) joined by engine phases and linked steps."""
+          expect_engine: bool = True, expect_tokenize: bool = True, engine_role: str = "engine") -> Report:
+    """The span model of an engine adapter: requests (API server) joined by engine phases (from the
+    process whose ``llmtrace.process.role`` is *engine_role*) and linked steps."""
     report = Report()
     problems = report.problems
     by_name: dict[str, list[Span]] = defaultdict(list)
@@ -92,9 +93,10 @@ def check(spans: list[Span], *, expected_requests: int | None = None, expect_dec
     steps = by_name["llm.step"]
     linked = {(t, s) for step in steps for t, s, _ in step.links}
     step_ids = {step.attributes.get("llm.step.id") for step in steps}
-    engine_traced = "engine" in {s.role for s in spans}
+    engine_traced = engine_role in {s.role for s in spans}
     for request in requests:
-        problems.extend(_check_request(request, children[request.span_id], linked, step_ids, engine_traced,
+        problems.extend(_check_request(request, children[request.span_id], linked, step_ids,
+                                       engine_role if engine_traced else None,
                                        expect_decode=expect_decode, expect_engine=expect_engine,
                                        expect_tokenize=expect_tokenize))
     if expect_engine:
@@ -103,7 +105,7 @@ def check(spans: list[Span], *, expected_requests: int | None = None, expect_dec
 
 
 def _check_request(request: Span, kids_list: list[Span], linked: set[tuple[str, str]], step_ids: set[Any],
-                   engine_traced: bool, *, expect_decode: bool, expect_engine: bool,
+                   engine_role: str | None, *, expect_decode: bool, expect_engine: bool,
                    expect_tokenize: bool) -> list[str]:
     problems: list[str] = []
     rid = request.attributes.get("llm.request.id")
@@ -128,7 +130,7 @@ def _check_request(request: Span, kids_list: list[Span], linked: set[tuple[str, 
             problems.append(f"request {rid}: {key}={value} is no llm.step.id")
     if (request.trace_id, request.span_id) not in linked:
         problems.append(f"request {rid}: no llm.step links to it")
-    if engine_traced and not any(kid.role == "engine" for kid in kids_list):
+    if engine_role is not None and not any(kid.role == engine_role for kid in kids_list):
         problems.append(f"request {rid}: no phase span from the engine process")
     return problems
 

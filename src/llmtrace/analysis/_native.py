@@ -1,9 +1,10 @@
-"""The analyzer's optional compiled core (``native/``, the ``llmtrace_native`` module).
+"""Whether the analyzer's compiled core (``native/``, the ``llmtrace_native`` module) is usable.
 
-Loaded once, here, so that every user agrees on whether it is in use:
+Decided once, here; :mod:`llmtrace.analysis._kernels` then runs the compiled kernels or
+the Python ones (the module's types come from ``native/llmtrace_native.pyi``):
 
 * not built (no Rust toolchain where llmtrace was installed): ``None``, and the Python
-  twins of its functions run, with the same results;
+  kernels run, with the same results;
 * built from another llmtrace version (its ``ABI_VERSION`` differs, e.g. a venv reused
   across checkouts): ignored with one warning, never called with arguments it does not
   expect;
@@ -15,22 +16,22 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from types import ModuleType
 
 #: Bump together with ``ABI_VERSION`` in native/src/lib.rs whenever a signature changes.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 _log = logging.getLogger(__name__)
 
 
-def _load() -> Any:
+def _load() -> ModuleType | None:
     if os.environ.get("LLMTRACE_ANALYSIS_NATIVE", "1") == "0":
         return None
     try:
-        import llmtrace_native  # type: ignore[import-not-found, unused-ignore]
+        import llmtrace_native
     except ImportError:
         return None
-    found = getattr(llmtrace_native, "ABI_VERSION", None)
+    found = getattr(llmtrace_native, "ABI_VERSION", None)  # a stale build may lack it
     if found != ABI_VERSION:
         _log.warning(
             "llmtrace-native is built from another llmtrace version (ABI %s, this one needs %s); "
@@ -42,5 +43,5 @@ def _load() -> Any:
     return llmtrace_native
 
 
-#: The compiled module, or ``None`` when the Python code serves everything.
-native: Any = _load()
+#: The compiled module, or ``None`` when the Python kernels serve everything.
+native: ModuleType | None = _load()

@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
 
 from llmtrace import semconv as sc
+from llmtrace.analysis._steps import StepStats
 from llmtrace.analysis.gpu_idle import EngineIdle
-from llmtrace.analysis.model import RequestView, StepView, WindowView
+from llmtrace.analysis.model import RequestView, WindowView
 from llmtrace.analysis.prefix_cache import PrefixCacheStats
-from llmtrace.analysis.stats import percentile
 
 
 class Bottleneck(str, Enum):
@@ -250,44 +249,6 @@ def _recommend_none(f: Features) -> str:
     return "no resource is saturated: the server has headroom at this load."
 
 
-class StepStats(NamedTuple):
-    """What the verdicts read from a run of steps (:func:`step_stats`; the compiled engine
-    table computes the same numbers over its columns)."""
-
-    steps: int
-    batch_sum: float
-    waiting_sum: float
-    preempted_sum: float
-    linked: int  # distinct span ids the steps link (requests); counted only when preempted_sum
-    kv_p90: float
-    queue_growth: float
-
-    @property
-    def preemptions_per_request(self) -> float:
-        """Preemptions per request from step attributes: requests are counted by their links."""
-        return self.preempted_sum / self.linked if self.preempted_sum and self.linked else 0.0
-
-    @property
-    def mean_batch(self) -> float:
-        return self.batch_sum / self.steps if self.steps else 0.0
-
-
-def step_stats(steps: Sequence[StepView]) -> StepStats:
-    """:class:`StepStats` of ``steps`` (in order: the queue growth is a fit over time)."""
-    total = sum(s.preempted for s in steps)
-    # Collecting every link of every step only matters when something was preempted.
-    linked = len({link.span_id for s in steps for link in s.step.links}) if total else 0
-    return StepStats(
-        len(steps),
-        sum(s.batch_size for s in steps),
-        sum(s.waiting for s in steps),
-        total,
-        linked,
-        _kv_p90(steps),
-        _queue_growth(steps),
-    )
-
-
 def features(
     idle: Sequence[EngineIdle],
     steps: StepStats,
@@ -321,23 +282,6 @@ def features(
         cache_miss_share=prefix_cache.miss_share if prefix_cache is not None else None,
         cache_hit_requests_share=prefix_cache.hit_requests / prefix_cache.requests if prefix_cache else 0.0,
     )
-
-
-def _kv_p90(steps: Sequence[StepView]) -> float:
-    vals = [s.kv_usage for s in steps]
-    vals = [v for v in vals if v >= 0]
-    return percentile(vals, 90) if vals else 0.0
-
-
-def _queue_growth(steps: Sequence[StepView]) -> float:
-    """Waiting-queue growth in requests/s, least-squares over the steps (positive: falling behind)."""
-    if len(steps) < 3:
-        return 0.0
-    xs = [s.step.start_ns / 1e9 for s in steps]
-    ys = [s.waiting for s in steps]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
 def window_features(

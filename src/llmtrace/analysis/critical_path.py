@@ -28,97 +28,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import NamedTuple
 
-from llmtrace.analysis._native import native
-from llmtrace.analysis.model import RequestView, Span, Trace, clamped_ns
+from llmtrace.analysis._kernels import KERNELS
+from llmtrace.analysis.model import Dominant, PathItem, RequestView, Section, Span, Trace, clamped_ns
 from llmtrace.analysis.stats import pcts
-
-
-class Section(NamedTuple):
-    """``span`` owns the critical path in ``[start_ns, end_ns)``; ``stack`` is the name path.
-
-    A named tuple (like ``Span``): there are several per request, and the compiled walk
-    allocates them directly."""
-
-    span: Span
-    start_ns: int
-    end_ns: int
-    stack: tuple[str, ...]
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-
-_compiled = native.critical_path if native is not None else None
-_compiled_totals = native.path_totals if native is not None else None
-_END_THEN_START = itemgetter(1, 0)
-
-
-
-def _clipped_children(trace: Trace, span: Span, lo: int, hi: int) -> list[tuple[int, int, Span]]:
-    out = []
-    for c in trace.children.get(span.span_id, ()):
-        s, e = max(c.start_ns, lo), min(c.end_ns, hi)
-        if s < e or (s == e and lo <= c.start_ns <= hi):
-            out.append((s, e, c))
-    out.sort(key=_END_THEN_START, reverse=True)
-    return out
 
 
 def critical_path(trace: Trace, root: Span, *, overlap_allowance_ns: int = 0) -> list[Section]:
     """Sections of the critical path of ``root``'s subtree, latest first; they tile ``root``."""
-    if _compiled is not None and type(trace.children) is dict:
-        try:  # the same walk compiled (native/src/critical_path.rs)
-            sections: list[Section] = _compiled(trace.children, root, overlap_allowance_ns, Section)
-            return sections
-        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
-            pass
-    return _critical_path(trace, root, overlap_allowance_ns)
-
-
-def _critical_path(trace: Trace, root: Span, overlap_allowance_ns: int) -> list[Section]:
-    """:func:`critical_path` in Python: the reference, and the path without llmtrace-native."""
-    sections: list[Section] = []
-    # A frame: the span, its clipped start, its children (clipped, latest end first), a
-    # cursor into them, and its name path (built once per frame, shared by its sections).
-    frames: list[tuple[Span, int, list[tuple[int, int, Span]], list[int], tuple[str, ...]]] = [
-        (root, root.start_ns, _clipped_children(trace, root, root.start_ns, root.end_ns), [0], (root.name,))
-    ]
-    returning = root.end_ns
-    # Spans on the current path. Corrupt data can make parent ids form a cycle (a request
-    # whose HTTP parent names the request as its own parent): a child already on the path
-    # is not descended into again, or the walk would never end.
-    on_path = {root.span_id}
-    while frames:
-        span, lo, kids, cursor, stack = frames[-1]
-        end = returning
-        chosen = None
-        i = cursor[0]
-        while i < len(kids):
-            k = kids[i]
-            i += 1
-            if k[1] <= end + overlap_allowance_ns and k[0] < end and k[2].span_id not in on_path:
-                chosen = k
-                break
-        cursor[0] = i
-        if chosen is not None:
-            cs, ce, child = chosen
-            cut = min(ce, end)
-            if cut < end:
-                sections.append(Section(span, cut, end, stack))
-            frames.append((child, cs, _clipped_children(trace, child, cs, cut), [0], (*stack, child.name)))
-            on_path.add(child.span_id)
-            returning = cut
-        else:
-            if lo < end:
-                sections.append(Section(span, lo, end, stack))
-            frames.pop()
-            on_path.discard(span.span_id)
-            returning = lo
-    return sections
+    return KERNELS.critical_path(trace.children, root, overlap_allowance_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,11 +105,6 @@ def segment_stats(totals: Mapping[str, Sequence[int]], latency_total: int) -> li
     return stats
 
 
-#: (request span id, "e2e_s" | "ttft_s") -> (span name, seconds): the top critical-path
-#: segment of that part of the request.
-Dominant = dict[tuple[str, str], tuple[str, float]]
-
-
 class PathTotals(NamedTuple):
     """What the analysis keeps of every request's critical path."""
 
@@ -203,24 +117,14 @@ def request_paths(requests: Sequence[RequestView], *, overlap_allowance_ns: int 
     """Each request's critical path (from :attr:`RequestView.root`), aggregated
     (:func:`aggregate`), with each request's dominant segment of the whole path and of its
     part before the first token (the anomalies name them)."""
-    items = _path_items(requests)
-    if _compiled_totals is not None and all(type(item[0]) is dict for item in items):
-        try:  # the walks and their sums in one call (native/src/critical_path.rs)
-            totals, folded, latency_total, dominant = _compiled_totals(items, overlap_allowance_ns)
-            return PathTotals(segment_stats(totals, latency_total), folded, dominant)
-        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
-            pass
-    return _request_paths(requests, items, overlap_allowance_ns)
+    sums = KERNELS.path_totals(path_items(requests), overlap_allowance_ns)
+    return PathTotals(segment_stats(sums.totals, sums.latency_ns), sums.folded, sums.dominant)
 
 
-#: What one request's walk needs: its trace's children, the root, the first token's time
-#: (``None``: unknown) and the request span id that keys its dominant segments.
-PathItem = tuple[object, Span, int | None, str]
-
-
-def _path_items(requests: Sequence[RequestView]) -> list[PathItem]:
-    # The first-token offset is truncated to whole nanoseconds, as it always was, and clamped
-    # (an absurd TTFT attribute lies past every span).
+def path_items(requests: Sequence[RequestView]) -> list[PathItem]:
+    """What each request's walk needs (:data:`~llmtrace.analysis.model.PathItem`)."""
+    # The first-token offset is truncated to whole nanoseconds, and clamped (an absurd TTFT
+    # attribute lies past every span).
     return [
         (r.trace.children, r.root, None if (t := r.ttft_s) is None else r.request.start_ns + int(clamped_ns(t)),
          r.request.span_id)
@@ -228,38 +132,15 @@ def _path_items(requests: Sequence[RequestView]) -> list[PathItem]:
     ]
 
 
-def _request_paths(
-    requests: Sequence[RequestView], items: Sequence[PathItem], overlap_allowance_ns: int
-) -> PathTotals:
-    """:func:`request_paths` in Python: the reference, and the path without llmtrace-native."""
-    paths = [
-        (r.root.duration_ns, critical_path(r.trace, r.root, overlap_allowance_ns=overlap_allowance_ns))
-        for r in requests
-    ]
-    stats, folded = aggregate(paths)
-    dominant: Dominant = {}
-    for (_, _, ttft_ns, span_id), (_, sections) in zip(items, paths, strict=True):
-        _dominant(dominant, span_id, sections, ttft_ns)
-    return PathTotals(stats, folded, dominant)
-
-
-def _dominant(out: Dominant, span_id: str, sections: Sequence[Section], ttft_ns: int | None) -> None:
-    """The span name owning most of the critical path (``(span_id, "e2e_s")``) and, with
-    ``ttft_ns``, of its part before the first token (``(span_id, "ttft_s")``): one pass."""
-    whole: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for s in sections:
-        start, end, name = s.start_ns, s.end_ns, s.span.name
-        if end > start:
-            whole[name] = whole.get(name, 0) + end - start
-        if ttft_ns is not None:
-            cut = end if end < ttft_ns else ttft_ns
-            if cut > start:
-                first[name] = first.get(name, 0) + cut - start
-    for metric, excl in (("e2e_s", whole), ("ttft_s", first)):
-        if excl:  # max keeps the first of equal totals, in first-seen order
-            name, ns = max(excl.items(), key=_NS)
-            out[(span_id, metric)] = (name, ns / 1e9)
-
-
-_NS = itemgetter(1)
+__all__ = [
+    "Dominant",
+    "PathTotals",
+    "Section",
+    "SegmentStats",
+    "aggregate",
+    "critical_path",
+    "exclusive_by_name",
+    "path_items",
+    "request_paths",
+    "segment_stats",
+]

@@ -3,15 +3,15 @@
 An inference server's traces are mostly its scheduler timeline — ``llm.engine`` windows,
 an ``llm.step`` per iteration, four children per step (88% of the spans of the benchmark
 set). Made into :class:`~llmtrace.analysis.model.Span` tuples with attribute dicts and
-link tuples they alone cost more than the analysis budget (docs/analysis.md, "Fourth
-pass"). When a read is given an :class:`EngineTable` and ``llmtrace-native`` is in use,
-the decoder keeps spans with those names as columns in it instead (native/src/table.rs),
-losing nothing: any of them can still become the same ``Span``.
+link tuples they alone cost more than the analysis budget (docs/perf-log.md). When a
+read is given an :class:`EngineTable` and ``llmtrace-native`` is in use, the decoder keeps
+spans with those names as columns in it instead (native/src/table/), losing nothing: any
+of them can still become the same ``Span``.
 
 :func:`build_compiled` then builds the trace set with those engines *compiled*: an
 :class:`~llmtrace.analysis.model.EngineView` whose ``steps`` are made into Python objects
-only when indexed or iterated, and whose ``compiled`` handle lets the analyzers ask the
-table instead (``gpu_idle.engine_idle``, ``bottleneck.step_stats``). It declines — and the
+only when indexed or iterated, and whose ``compiled`` handle lets the kernels answer the
+analyzers' questions about its steps from the table (``_kernels.KERNELS.engine``). It declines — and the
 caller makes every span a Python object and takes the Python path — whenever the table's
 traces are not exactly what the Python build would see: a trace that is partly Python
 spans, a trace of several processes (clock-skew repair is Python's), an engine id of a
@@ -21,9 +21,12 @@ type the table does not format, an engine with steps on both sides.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, overload
 
 from llmtrace.analysis.model import Span, StepView, Trace, WindowView, fast_constructor
+
+if TYPE_CHECKING:
+    import llmtrace_native  # the stub, native/llmtrace_native.pyi
 
 _new_step = fast_constructor(StepView)
 _CHUNK = 4096  # rows made into objects at a time while iterating
@@ -34,7 +37,7 @@ class EngineTable:
     """Engine-side spans of one or more reads (see the module doc); built by
     :func:`llmtrace.analysis.sources.new_engine_table`, filled by ``load_spans(table=...)``."""
 
-    def __init__(self, native_table: Any) -> None:
+    def __init__(self, native_table: llmtrace_native.EngineTable) -> None:
         self.native = native_table
 
     def __len__(self) -> int:
@@ -76,7 +79,7 @@ def merge_in(spans: Sequence[Span], placed: Iterable[tuple[int, Span]]) -> list[
 class CompiledEngine(NamedTuple):
     """What an analyzer needs to ask the table about one engine."""
 
-    table: Any  # the native EngineTable
+    table: llmtrace_native.EngineTable
     engine: int  # the engine's index in the table
 
 
@@ -139,7 +142,7 @@ class CompiledTraces(Sequence[Trace]):
 
     __slots__ = ("_made", "_table", "compiled_spans", "compiled_traces", "python_part")
 
-    def __init__(self, python: Sequence[Trace], table: Any, traces: int, spans: int) -> None:
+    def __init__(self, python: Sequence[Trace], table: llmtrace_native.EngineTable, traces: int, spans: int) -> None:
         self.python_part = python
         self.compiled_traces = traces
         self.compiled_spans = spans  # read by TraceSet.span_count

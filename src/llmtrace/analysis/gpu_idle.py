@@ -27,60 +27,16 @@ between its steps.
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import le, lt
-from typing import Any, NamedTuple
 
 from llmtrace import semconv as sc
-from llmtrace.analysis._native import native
-from llmtrace.analysis.engine_table import CompiledRows
+from llmtrace.analysis._kernels import KERNELS
+from llmtrace.analysis._steps import GapInputs, WindowIdle
 from llmtrace.analysis.intervals import Interval, merge
-from llmtrace.analysis.model import EngineView, RequestView, Span, StepView, WindowView
-from llmtrace.analysis.stats import pcts
+from llmtrace.analysis.model import GAP_CAUSES, EngineView, Gap, RequestView, Span, WindowView
 
-
-def _compiled_classify_gaps() -> Any:
-    """The compiled sweeps of :func:`iter_gaps` (native/src/gpu_idle.rs), or ``None`` when
-    llmtrace-native is not in use. This module's Python functions are the reference."""
-    return native.classify_gaps if native is not None else None
-
-
-_native_classify_gaps = _compiled_classify_gaps()
-
-CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
-_STEP_HOST_CAUSE = {
-    sc.SPAN_SCHEDULE: "schedule",
-    sc.SPAN_POSTPROCESS: "postprocess",
-    sc.SPAN_SAMPLE: "sample",
-}
-#: How many of the largest gaps a result keeps for the reports (the totals count all gaps).
-TOP_GAPS = 20
-
-
-class Gap(NamedTuple):
-    """One idle interval of one engine, with its cause split and work-waiting time.
-
-    A named tuple, not a dataclass: there is one per step, and a frozen dataclass's
-    ``__init__`` would cost more than classifying the gap.
-    """
-
-    engine_id: str
-    start_ns: int
-    end_ns: int
-    causes: tuple[tuple[str, int], ...]  # (cause, ns), only non-zero causes
-    work_waiting_ns: int
-
-    @property
-    def duration_ns(self) -> int:
-        return self.end_ns - self.start_ns
-
-    @property
-    def main_cause(self) -> str:
-        return max(self.causes, key=lambda c: c[1])[0] if self.causes else "other"
+CAUSES = GAP_CAUSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,19 +76,7 @@ def segments(engine: EngineView) -> list[Interval]:
     """The engine's analysed time: windows joined where their step ids are consecutive."""
     if engine.windows:
         return _join_windows(engine.windows)
-    if engine.compiled is not None:  # the loop below, over the table's columns
-        table, index = engine.compiled
-        return merge(table.step_segments(index))
-    out: list[Interval] = []
-    prev: StepView | None = None
-    for st in engine.steps:
-        contiguous = prev is not None and (st.step_id is None or prev.step_id is None or st.step_id == prev.step_id + 1)
-        if contiguous and out:
-            out[-1] = (out[-1][0], max(out[-1][1], st.step.end_ns))
-        else:
-            out.append((st.step.start_ns, st.step.end_ns))
-        prev = st
-    return merge(out)
+    return KERNELS.engine(engine).segments()
 
 
 def _join_windows(windows: Sequence[WindowView]) -> list[Interval]:
@@ -175,12 +119,8 @@ def engine_work_intervals(engine: EngineView, requests: Sequence[RequestView],
 
 
 def step_runs_of(engine: EngineView) -> list[Interval]:
-    """:func:`_step_runs` of the engine's steps; asked of the engine table when compiled."""
-    if engine.compiled is not None:
-        table, index = engine.compiled
-        runs: list[Interval] = table.step_runs(index)
-        return runs
-    return _step_runs(engine.steps)
+    """When the engine's step attributes say work was waiting (``_steps.step_runs``)."""
+    return KERNELS.engine(engine).step_runs()
 
 
 _ENGINE_PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE)  # not llm.tokenize: the front end's
@@ -200,327 +140,19 @@ def _engine_held(request: RequestView) -> Interval:
     return lo, hi
 
 
-def _step_runs(steps: Sequence[StepView]) -> list[Interval]:
-    """The step evidence, joined into runs as it streams (the union is the same; a busy
-    engine has few runs, so :func:`merge` has little left to sort and join)."""
-    out: list[Interval] = []
-    lo = hi = 0
-    joining = False
-    for s, e in _step_evidence(steps):
-        if e <= s:
-            continue  # empty: merge() would drop it
-        if joining and s <= hi and e >= lo:
-            lo = s if s < lo else lo
-            hi = e if e > hi else hi
-        else:
-            if joining:
-                out.append((lo, hi))
-            lo, hi, joining = s, e, True
-    if joining:
-        out.append((lo, hi))
-    return out
-
-
-def _step_evidence(steps: Sequence[StepView]) -> Iterator[Interval]:
-    """Work intervals from step attributes, in start order when steps do not overlap.
-
-    A step with a non-empty batch had work during the whole step. The stretch between two
-    steps held work when the first left requests waiting, or when a request of its batch is
-    in the next one too (it stayed in the engine across the gap). ``llm.queue.running`` on
-    both sides is not enough: it is counted when the step is scheduled, so it includes the
-    request that finishes in that step — a lone request finishing and the next one arriving
-    half a second later would make the quiet time between them look like work. Only steps
-    without request ids (no ``llm.batch.request_ids``, no links) fall back to that count.
-    """
-    prev: StepView | None = None
-    prev_ids: Sequence[Any] | None = None
-    for st in steps:
-        ids = _NOT_READ  # read only when needed, and then once per step
-        if prev is not None:
-            held = prev.waiting > 0
-            if not held and prev.running > 0 and st.running > 0:
-                ids = _batch_ids(st)
-                held = _continued(prev_ids if prev_ids is not _NOT_READ else _batch_ids(prev), ids)
-            if held:
-                yield prev.step.end_ns, st.step.start_ns
-        if st.batch_size > 0:
-            yield st.step.start_ns, st.step.end_ns
-        prev, prev_ids = st, ids
-
-
-def _continued(a: Sequence[Any] | None, b: Sequence[Any] | None) -> bool:
-    """Whether a request of batch *a* is also in batch *b* (unknowable without ids: assume so)."""
-    if a is None or b is None or a == b:  # equal batches: decode's steady state, compared in C
-        return True
-    # Both lists are capped (the attribute at 64 ids, links at max_links): a request beyond
-    # both caps may still have continued.
-    return not set(a).isdisjoint(b) or (len(a) >= _CAPPED and len(b) >= _CAPPED)
-
-
-_CAPPED = 64
-_NOT_READ: Any = object()  # a step whose ids the loop did not need
-
-
-def _batch_ids(st: StepView) -> Sequence[Any] | None:
-    ids = st.step.attributes.get(sc.LLM_BATCH_REQUEST_IDS)
-    if isinstance(ids, list | tuple) and ids:
-        return ids
-    if st.step.links:
-        return [link.span_id for link in st.step.links]
-    return None
-
-
-#: Disjoint host segments, sorted: starts, ends, cause indexes into :data:`CAUSES`.
-Painted = tuple[list[int], list[int], list[int]]
-_CAUSE_INDEX = {c: i for i, c in enumerate(CAUSES)}
-_HOST_CAUSE_INDEX = {name: _CAUSE_INDEX[cause] for name, cause in _STEP_HOST_CAUSE.items()}
-_GC = _CAUSE_INDEX["gc"]
-_TOKENIZE = _CAUSE_INDEX["tokenize"]
-#: Cause index by the engine table's host-span name code - 2 (schedule, forward, sample,
-#: postprocess; native/src/table.rs ENGINE_NAMES); forward is never a host span.
-_TABLE_HOST_CAUSES = (
-    _HOST_CAUSE_INDEX[sc.SPAN_SCHEDULE],
-    0,
-    _HOST_CAUSE_INDEX[sc.SPAN_SAMPLE],
-    _HOST_CAUSE_INDEX[sc.SPAN_POSTPROCESS],
-)
-
-
-def paint_host(engine: EngineView, tokenize: Iterable[Span]) -> Painted:
-    """What the host was doing, as disjoint sorted segments (starts, ends, cause index).
-
-    Where causes overlap the one earliest in :data:`CAUSES` wins (a gc pause inside a
-    postprocess span is gc time). Segments of one cause may touch; only their coverage
-    matters. Step host spans come from one engine loop, so they are nearly always sorted
-    and disjoint already: they are taken as they are, and only the few gc and tokenize
-    intervals (with the host spans they overlap) go through the priority sweep.
-    """
-    hosts = [h for st in engine.steps for h in st.host]
-    starts = [h.start_ns for h in hosts]
-    ends = [h.end_ns for h in hosts]
-    causes = [_HOST_CAUSE_INDEX[h.name] for h in hosts]
-    extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
-    extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
-    if not all(map(le, starts, ends)) or not all(map(le, ends, starts[1:])):
-        return _sweep(list(zip(starts, ends, causes, strict=True)) + extras)
-    if not extras:
-        return starts, ends, causes
-    return _paint_around(starts, ends, causes, sorted(extras))
-
-
-def _paint_around(starts: list[int], ends: list[int], causes: list[int], extras: list[tuple[int, int, int]]) -> Painted:
-    """Disjoint host segments with sorted ``extras`` painted in: host segments no extra
-    touches are copied; each cluster of extras is swept with the host segments under it."""
-    out_s: list[int] = []
-    out_e: list[int] = []
-    out_c: list[int] = []
-    done = 0  # host segments before this index are emitted
-    i, n = 0, len(extras)
-    while i < n:
-        lo, hi, _ = extras[i]
-        first = bisect_right(ends, lo, done)
-        cluster = [extras[i]]
-        i += 1
-        while True:
-            last = bisect_left(starts, hi, first)
-            if last > first and ends[last - 1] > hi:
-                hi = ends[last - 1]
-            if i < n and extras[i][0] < hi:
-                cluster.append(extras[i])
-                hi = max(hi, extras[i][1])
-                i += 1
-                continue
-            break
-        out_s += starts[done:first]
-        out_e += ends[done:first]
-        out_c += causes[done:first]
-        s, e, c = _sweep(list(zip(starts[first:last], ends[first:last], causes[first:last], strict=True)) + cluster)
-        out_s += s
-        out_e += e
-        out_c += c
-        done = last
-    out_s += starts[done:]
-    out_e += ends[done:]
-    out_c += causes[done:]
-    return out_s, out_e, out_c
-
-
-def _sweep(intervals: list[tuple[int, int, int]]) -> Painted:
-    """Priority painting of overlapping ``(start, end, cause)`` intervals in one sweep."""
-    # Each event is one int, ``pos << 4 | is_start << 3 | cause``: ints sort in C several
-    # times faster than (pos, delta, cause) tuples, in exactly the same order (ends before
-    # starts at the same instant, then by cause).
-    events = [s << 4 | 8 | c for s, _, c in intervals]
-    events += [e << 4 | c for _, e, c in intervals]
-    events.sort()
-    # counts per cause, and a bitmask of the causes active now: the lowest set bit is the
-    # highest-priority activity, found without scanning the counts at every event.
-    counts = [0] * len(CAUSES)
-    mask = 0
-    starts: list[int] = []
-    ends: list[int] = []
-    causes: list[int] = []
-    prev = events[0] >> 4 if events else 0
-    for ev in events:
-        pos = ev >> 4
-        if pos > prev and mask:
-            active = (mask & -mask).bit_length() - 1
-            if causes and causes[-1] == active and ends[-1] == prev:
-                ends[-1] = pos
-            else:
-                starts.append(prev)
-                ends.append(pos)
-                causes.append(active)
-        ci = ev & 7
-        n = counts[ci] + (1 if ev & 8 else -1)
-        counts[ci] = n
-        if n > 0:
-            mask |= 1 << ci
-        else:
-            mask &= ~(1 << ci)
-        prev = pos
-    return starts, ends, causes
-
-
-def _busy(engine: EngineView) -> list[Interval]:
-    """The union of the engine's forward intervals, sorted."""
-    starts = [f.start_ns for st in engine.steps for f in st.forwards]
-    ends = [f.end_ns for st in engine.steps for f in st.forwards]
-    # One engine loop runs its forwards one after another: sorted, disjoint and non-empty,
-    # they are their own union (forwards that touch stay apart, which adds no gap).
-    if all(map(lt, starts, ends)) and all(map(le, ends, starts[1:])):
-        return list(zip(starts, ends, strict=True))
-    return merge(zip(starts, ends, strict=True))
-
-
-def _segment_gaps(segs: Sequence[Interval], busy: Sequence[Interval]) -> list[Interval]:
-    """Gaps of every segment in the merged ``busy`` list, one pass over both sorted lists."""
-    out: list[Interval] = []
-    j = 0
-    for a, b in segs:
-        while j < len(busy) and busy[j][1] <= a:
-            j += 1
-        k = j
-        cur = a
-        while k < len(busy) and busy[k][0] < b:
-            s, e = busy[k]
-            if s > cur:
-                out.append((cur, s))
-            cur = max(cur, e)
-            k += 1
-        if cur < b:
-            out.append((cur, b))
-    return out
-
-
-def _classify_all(
-    engine_id: str,
-    raw: Sequence[Interval],
-    painted: Painted,
-    work: Sequence[Interval],
-) -> list[Gap]:
-    """Cause split and work-waiting time of sorted, disjoint gaps (two-pointer sweeps)."""
-    starts, ends, causes = painted
-    n, nw = len(starts), len(work)
-    out = []
-    j = w = 0
-    names = CAUSES
-    other = len(CAUSES) - 1
-    for a, b in raw:
-        while j < n and ends[j] <= a:
-            j += 1
-        k = j
-        if k < n and starts[k] < b:
-            per = [0] * len(names)
-            unexplained = b - a  # "other": what no host span explains
-            while k < n and starts[k] < b:
-                s, e = starts[k], ends[k]
-                ov = (e if e < b else b) - (s if s > a else a)
-                if ov > 0:
-                    per[causes[k]] += ov
-                    unexplained -= ov
-                k += 1
-            per[other] = unexplained
-            split = tuple(compress(zip(names, per, strict=True), per))  # the non-zero causes, in C
-        else:
-            split = (("other", b - a),) if b != a else ()
-        while w < nw and work[w][1] <= a:
-            w += 1
-        # Merged work intervals: usually one covers the whole gap.
-        ww = b - a if w < nw and work[w][0] <= a and work[w][1] >= b else _covered(a, b, work, w)
-        out.append(_new_gap(Gap, (engine_id, a, b, split, ww)))
-    return out
-
-
-def _covered(a: int, b: int, intervals: Sequence[Interval], k: int) -> int:
-    """How much of [a, b) the sorted, disjoint *intervals* cover, from index *k* on (the
-    first that ends after *a*)."""
-    covered = 0
-    n = len(intervals)
-    while k < n and intervals[k][0] < b:
-        s, e = intervals[k]
-        ov = (e if e < b else b) - (s if s > a else a)
-        if ov > 0:
-            covered += ov
-        k += 1
-    return covered
-
-
-_new_gap = tuple.__new__
-
-
-def _overlap(gaps: Sequence[Interval], intervals: Sequence[Interval]) -> int:
-    """Total overlap of sorted, disjoint *gaps* with sorted, disjoint *intervals*."""
-    total = i = 0
-    n = len(intervals)
-    for a, b in gaps:
-        while i < n and intervals[i][1] <= a:
-            i += 1
-        total += _covered(a, b, intervals, i)
-    return total
-
-
-class WindowIdle(NamedTuple):
-    """The gaps' time inside one window (:func:`window_idle`)."""
-
-    idle_ns: int
-    with_work_ns: int
-    causes: dict[str, int]  # cause -> ns, in the order the gaps name them
-
-
-def window_idle(gaps: Sequence[Gap], gap_starts: Sequence[int], start_ns: int, end_ns: int) -> WindowIdle:
-    """Idle and work-waiting time of the sorted ``gaps`` inside ``[start_ns, end_ns]``; a gap
-    the window cuts counts its work-waiting and cause times in proportion (truncated)."""
-    idle_ns = work_ns = 0
-    causes: dict[str, int] = {}
-    ws, we = start_ns, end_ns
-    for _, gs, ge, split, waiting in gaps[max(0, bisect_left(gap_starts, ws) - 1) : bisect_right(gap_starts, we)]:
-        if gs >= ws and ge <= we:  # inside the window: frac = 1 and int(ns * 1.0) == ns
-            idle_ns += ge - gs
-            work_ns += waiting
-            for c, ns in split:
-                causes[c] = causes.get(c, 0) + ns
-            continue
-        ov = (ge if ge < we else we) - (gs if gs > ws else ws)
-        if ov <= 0:
-            continue
-        frac = ov / (ge - gs)
-        idle_ns += ov
-        work_ns += int(waiting * frac)
-        for c, ns in split:
-            causes[c] = causes.get(c, 0) + int(ns * frac)
-    return WindowIdle(idle_ns, work_ns, causes)
+_GC = CAUSES.index("gc")
+_TOKENIZE = CAUSES.index("tokenize")
 
 
 def _gap_inputs(
     engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span], step_runs: list[Interval] | None
-) -> tuple[list[Interval], list[Interval], list[tuple[int, int, int]]]:
+) -> GapInputs:
     """What the sweeps take besides the steps: segments, merged work, gc/tokenize extras."""
     segs = segments(engine)
     work = merge(work_intervals(engine, requests, step_runs))
     extras = [(g.start_ns, g.end_ns, _GC) for g in engine.gc]
     extras += [(t.start_ns, t.end_ns, _TOKENIZE) for t in tokenize]
-    return segs, work, extras
+    return GapInputs(segs, work, extras)
 
 
 def iter_gaps(
@@ -530,81 +162,18 @@ def iter_gaps(
     step_runs: list[Interval] | None = None,
 ) -> tuple[list[Interval], list[Gap]]:
     """The analysed segments of ``engine`` and all its classified gaps, sorted by start."""
-    segs, work, extras = _gap_inputs(engine, requests, tokenize, step_runs)
-    if engine.compiled is not None:  # the same sweeps over the engine table's columns
-        table, index = engine.compiled
-        try:
-            gap_set = table.idle(index, segs, _TABLE_HOST_CAUSES, extras, work, [], [], CAUSES)[0]
-            return segs, gap_set.rows(0, len(gap_set), engine.engine_id, Gap, CAUSES)
-        except OverflowError:  # a request time beyond int64: the Python sweeps below
-            pass
-    if _native_classify_gaps is not None:
-        # The same sweeps compiled: busy union, segment gaps, host painting, classification.
-        forwards = [f for st in engine.steps for f in st.forwards]
-        hosts = [h for st in engine.steps for h in st.host]
-        try:
-            found: list[Gap] = _native_classify_gaps(
-                engine.engine_id, segs, forwards, hosts, _HOST_CAUSE_INDEX, extras, work, Gap, CAUSES
-            )
-            return segs, found
-        except OverflowError:  # a time beyond int64 (the generic decoder accepts any integer)
-            pass
-    busy = _busy(engine)
-    raw = _segment_gaps(segs, busy)
-    return segs, _classify_all(engine.engine_id, raw, paint_host(engine, tokenize), work)
-
-
-class GapTotals(NamedTuple):
-    """What :func:`engine_idle` reports from an engine's gaps."""
-
-    by_cause_ns: dict[str, int]
-    with_work_ns: int
-    engine_side_ns: int  # of with_work_ns: the engine itself held work
-    idle_ns: int
-    p50_ns: float
-    p99_ns: float
-    top: tuple[Gap, ...]
-    worst: Gap | None  # the timeline's gap: the first with the most work waiting, then longest
-    windows: tuple[WindowIdle, ...]
-
-
-def gap_totals(found: Sequence[Gap], engine_work: Sequence[Interval], windows: Sequence[WindowView]) -> GapTotals:
-    """Totals of the sorted gaps ``found`` (the compiled engine table computes the same)."""
-    by_cause = dict.fromkeys(CAUSES, 0)
-    with_work = 0
-    for g in found:
-        with_work += g.work_waiting_ns
-        for cause, ns in g.causes:
-            by_cause[cause] += ns
-    # Idle with the engine holding work, inside the gaps with work waiting (engine work is a
-    # subset of all work: the step evidence is in both, and a request's engine phases lie
-    # inside the request); what is left was waiting upstream.
-    engine_side = _overlap([(g.start_ns, g.end_ns) for g in found if g.work_waiting_ns], engine_work)  # sorted
-    durations = [g.end_ns - g.start_ns for g in found]
-    q = pcts(durations, (50, 99)) if found else {"p50": 0.0, "p99": 0.0}
-    # The 20 longest, ties by start: one pass with a heap instead of sorting every gap.
-    ranked = zip([-d for d in durations], [g.start_ns for g in found], found, strict=True)
-    top = tuple(g for _, _, g in heapq.nsmallest(TOP_GAPS, ranked))
-    keys = list(zip([g.work_waiting_ns for g in found], durations, strict=True))
-    worst = found[keys.index(max(keys))] if keys else None
-    starts = [g.start_ns for g in found]
-    per_window = tuple(window_idle(found, starts, w.start_ns, w.end_ns) for w in windows)
-    return GapTotals(by_cause, with_work, engine_side, sum(durations), q["p50"], q["p99"], top, worst, per_window)
+    sweep = _gap_inputs(engine, requests, tokenize, step_runs)
+    return sweep.segs, KERNELS.engine(engine).gaps(sweep)
 
 
 def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: Sequence[Span]) -> EngineIdle:
     """Measure and classify the idle gaps of one engine."""
-    runs = step_runs_of(engine)  # once: both work measures use it
+    steps = KERNELS.engine(engine)
+    runs = steps.step_runs()  # once: both work measures use it
     engine_work = merge(engine_work_intervals(engine, requests, runs))
-    found: Sequence[Gap]
-    compiled = _compiled_idle(engine, requests, tokenize, runs, engine_work)
-    if compiled is not None:
-        segs, found, totals = compiled
-    else:
-        segs, gaps = iter_gaps(engine, requests, tokenize, runs)
-        found = tuple(gaps)
-        totals = gap_totals(found, engine_work, engine.windows)
-    covered = sum(b - a for a, b in segs)
+    sweep = _gap_inputs(engine, requests, tokenize, runs)
+    found, totals = steps.idle(sweep, engine_work, [(w.start_ns, w.end_ns) for w in engine.windows])
+    covered = sum(b - a for a, b in sweep.segs)
     return EngineIdle(
         engine.engine_id,
         covered,
@@ -616,51 +185,9 @@ def engine_idle(engine: EngineView, requests: Sequence[RequestView], tokenize: S
         totals.p50_ns,
         totals.p99_ns,
         totals.top,
-        tuple(segs),
+        tuple(sweep.segs),
         len(engine.steps),
         found,
         totals.windows,
         totals.worst,
     )
-
-
-def _compiled_idle(
-    engine: EngineView,
-    requests: Sequence[RequestView],
-    tokenize: Sequence[Span],
-    runs: list[Interval],
-    engine_work: list[Interval],
-) -> tuple[list[Interval], Sequence[Gap], GapTotals] | None:
-    """:func:`iter_gaps` and :func:`gap_totals` in one call to the engine table, or ``None``
-    when the engine is not compiled (or a request time is beyond int64). The gaps stay in
-    Rust (a ``GapSet`` this result alone holds), made into :class:`Gap` tuples when read
-    (the reports read a few dozen)."""
-    if engine.compiled is None:
-        return None
-    table, index = engine.compiled
-    segs, work, extras = _gap_inputs(engine, requests, tokenize, runs)
-    windows = [(w.start_ns, w.end_ns) for w in engine.windows]
-    try:
-        gap_set, per_cause, with_work, side, idle, p50, p99, top, worst, per_window = table.idle(
-            index, segs, _TABLE_HOST_CAUSES, extras, work, engine_work, windows, CAUSES
-        )
-    except OverflowError:
-        return None
-    engine_id = engine.engine_id
-
-    def fetch(lo: int, hi: int) -> tuple[Gap, ...]:
-        return tuple(gap_set.rows(lo, hi, engine_id, Gap, CAUSES))
-
-    found: CompiledRows[Gap] = CompiledRows(fetch, len(gap_set))
-    totals = GapTotals(
-        dict(zip(CAUSES, per_cause, strict=True)),
-        with_work,
-        side,
-        idle,
-        p50,
-        p99,
-        tuple(found[k] for k in top),
-        found[worst] if worst >= 0 else None,
-        tuple(WindowIdle(i, w, {CAUSES[c]: ns for c, ns in causes}) for i, w, causes in per_window),
-    )
-    return segs, found, totals

@@ -331,7 +331,8 @@ class EngineView:
 
     ``compiled`` is set when the steps live in the compiled engine table
     (:mod:`llmtrace.analysis.engine_table`): ``steps`` then makes :class:`StepView` objects
-    only when read, and the analyzers ask the table through the handle instead.
+    only when read. Only :mod:`llmtrace.analysis._kernels` reads the handle: the analyzers
+    ask ``KERNELS.engine(view)``, which answers from the table or from ``steps``.
     """
 
     engine_id: str
@@ -369,3 +370,71 @@ class TraceSet:
                     in_range and first <= st.step_id <= last  # type: ignore[operator]
                 ):
                     yield st
+
+
+# The results the analyzer's kernels (:mod:`llmtrace.analysis._kernels`) return. Named
+# tuples, not dataclasses: there are several per request and one per step, and the
+# compiled kernels allocate them directly.
+
+
+class Section(NamedTuple):
+    """``span`` owns the critical path in ``[start_ns, end_ns)``; ``stack`` is the name path."""
+
+    span: Span
+    start_ns: int
+    end_ns: int
+    stack: tuple[str, ...]
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+#: What a GPU idle gap is attributed to, in priority order (docs/analysis.md): where host
+#: activities overlap, the one earliest here wins; ``other`` is what none of them explains.
+GAP_CAUSES = ("gc", "schedule", "postprocess", "sample", "tokenize", "other")
+#: The cause index of each host span a step has (the others are ``gc``, from ``llm.gc``
+#: spans, and ``tokenize``, from the front end's ``llm.tokenize`` spans).
+HOST_CAUSE_INDEX = {
+    sc.SPAN_SCHEDULE: GAP_CAUSES.index("schedule"),
+    sc.SPAN_POSTPROCESS: GAP_CAUSES.index("postprocess"),
+    sc.SPAN_SAMPLE: GAP_CAUSES.index("sample"),
+}
+
+
+class Gap(NamedTuple):
+    """One idle interval of one engine, with its cause split and work-waiting time."""
+
+    engine_id: str
+    start_ns: int
+    end_ns: int
+    causes: tuple[tuple[str, int], ...]  # (cause, ns), only non-zero causes, in GAP_CAUSES order
+    work_waiting_ns: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def main_cause(self) -> str:
+        return max(self.causes, key=lambda c: c[1])[0] if self.causes else "other"
+
+
+#: (request span id, "e2e_s" | "ttft_s") -> (span name, seconds): the top critical-path
+#: segment of that part of the request.
+Dominant = dict[tuple[str, str], tuple[str, float]]
+
+#: What one request's critical-path walk needs: its trace's children by parent id, the
+#: root, the first token's time (``None``: unknown) and the request span id that keys its
+#: dominant segments.
+PathItem = tuple[Mapping[str, Sequence[Span]], Span, int | None, str]
+
+
+class PathSums(NamedTuple):
+    """Every request's critical path, summed: each name's exclusive ns per request it is on
+    (first-seen order), the folded name stacks, the total latency, the dominant segments."""
+
+    totals: dict[str, list[int]]
+    folded: dict[tuple[str, ...], int]
+    latency_ns: int
+    dominant: Dominant

@@ -43,6 +43,31 @@ class PrefixCacheStats:
         return self.computed_tokens / total if total else 0.0
 
 
+def prompt_split(r: RequestView) -> tuple[float, float, float] | None:
+    """(computed, cached, transferred) prompt tokens of a request that reports them."""
+    n_cached = r.num(sc.LLM_PROMPT_TOKENS_CACHED)
+    if n_cached is None:
+        return None
+    return r.num(sc.LLM_PROMPT_TOKENS_COMPUTED) or 0.0, n_cached, r.num(sc.LLM_PROMPT_TOKENS_TRANSFERRED) or 0.0
+
+
+def cached_share(r: RequestView) -> float | None:
+    """Share of the request's prompt served from the prefix cache; None when unreported.
+
+    From the ``llm.prompt_tokens.*`` split where the request has it (the hit share of
+    :func:`prefix_cache_stats`); else, for an emitter that has only the GenAI convention's
+    key, ``gen_ai.usage.cache_read.input_tokens`` over the input tokens (that key also
+    counts KV received by transfer: the prompt share the engine did not compute)."""
+    split = prompt_split(r)
+    if split is not None:
+        prompt = sum(split)
+        return split[1] / prompt if prompt else None
+    read = r.num(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS)
+    if read is None or not r.input_tokens:
+        return None
+    return min(1.0, read / r.input_tokens)
+
+
 def prefix_cache_stats(requests: Sequence[RequestView]) -> PrefixCacheStats | None:
     computed = cached = transferred = hits = 0
     reporting = 0
@@ -50,11 +75,10 @@ def prefix_cache_stats(requests: Sequence[RequestView]) -> PrefixCacheStats | No
     miss_ttft: list[float] = []
     points: list[tuple[float, float]] = []
     for r in requests:
-        n_cached = r.num(sc.LLM_PROMPT_TOKENS_CACHED)
-        if n_cached is None:
+        split = prompt_split(r)
+        if split is None:
             continue
-        n_computed = r.num(sc.LLM_PROMPT_TOKENS_COMPUTED) or 0.0
-        n_transferred = r.num(sc.LLM_PROMPT_TOKENS_TRANSFERRED) or 0.0
+        n_computed, n_cached, n_transferred = split
         reporting += 1
         computed += int(n_computed)
         cached += int(n_cached)

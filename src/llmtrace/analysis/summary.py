@@ -19,8 +19,11 @@ from llmtrace import semconv as sc
 from llmtrace._version import __version__
 from llmtrace.analysis import bottleneck as bn
 from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis._kernels import KERNELS
+from llmtrace.analysis._steps import StepStats
 from llmtrace.analysis.anomalies import Anomaly, find_anomalies
 from llmtrace.analysis.breakdown import PhaseStats, phase_breakdown, request_phases
+from llmtrace.analysis.client_join import join_client_server
 from llmtrace.analysis.critical_path import SegmentStats, request_paths
 from llmtrace.analysis.gpu_idle import EngineIdle, engine_idle
 from llmtrace.analysis.model import EngineView, RequestView, StatusCode, TraceSet
@@ -69,6 +72,9 @@ class Analysis:
     views: Mapping[str, Any] = field(default_factory=dict)
     #: None where no engine reported prompt provenance.
     prefix_cache: PrefixCacheStats | None = None
+    #: Client and server joined, when a load client's CLIENT spans are in the traces
+    #: (analysis/client_join.py); None otherwise.
+    client: Mapping[str, Any] | None = None
 
 
 def _stride(values: Sequence[_T], cap: int) -> list[_T]:
@@ -147,8 +153,18 @@ def _analyze(ts: TraceSet, source: str, overlap_allowance_ns: int) -> Analysis:
     }
     if prefix is not None:
         views["ttft_vs_cached"] = [list(p) for p in prefix.points]
+    client = join_client_server(reqs, lambda lo, hi: _classes_between(windows, lo, hi))
     fields = {f: getattr(analysis, f) for f in Analysis.__dataclass_fields__}
-    return Analysis(**{**fields, "views": views, "prefix_cache": prefix})
+    return Analysis(**{**fields, "views": views, "prefix_cache": prefix, "client": client})
+
+
+def _classes_between(windows: Sequence[WindowVerdict], start_ns: int, end_ns: int) -> dict[str, int]:
+    """Bottleneck classes of the engine windows overlapping ``[start_ns, end_ns]``, counted."""
+    counts: dict[str, int] = {}
+    for w in windows:
+        if w.start_ns <= end_ns and w.end_ns >= start_ns:
+            counts[w.diagnosis.cls.value] = counts.get(w.diagnosis.cls.value, 0) + 1
+    return counts
 
 
 def _request_stats(
@@ -170,27 +186,13 @@ def _request_stats(
     }
 
 
-def _all_step_stats(engines: Mapping[str, EngineView]) -> bn.StepStats:
+def _all_step_stats(engines: Mapping[str, EngineView]) -> StepStats:
     """Step statistics of every engine's steps, one engine after another."""
-    compiled = [e.compiled for e in engines.values() if e.compiled is not None]
-    if compiled and len(compiled) == len(engines) and all(c.table is compiled[0].table for c in compiled):
-        return bn.StepStats(*compiled[0].table.step_stats([c.engine for c in compiled]))
-    return bn.step_stats([s for e in engines.values() for s in e.steps])
+    return KERNELS.step_stats(list(engines.values()))
 
 
 def _step_starts(e: EngineView) -> list[int]:
-    if e.compiled is not None:
-        table, index = e.compiled
-        starts: list[int] = table.step_starts(index)
-        return starts
-    return [s.step.start_ns for s in e.steps]
-
-
-def _range_stats(e: EngineView, lo: int, hi: int) -> bn.StepStats:
-    if e.compiled is not None:
-        table, index = e.compiled
-        return bn.StepStats(*table.step_stats([index], lo, hi))
-    return bn.step_stats(e.steps[lo:hi])
+    return KERNELS.engine(e).step_starts()
 
 
 def _window_verdicts(
@@ -198,9 +200,10 @@ def _window_verdicts(
 ) -> list[WindowVerdict]:
     out = []
     for e, ei, starts in zip(engines.values(), idle, step_starts, strict=True):
+        steps = KERNELS.engine(e)
         for w, wi in zip(e.windows, ei.windows, strict=True):
-            steps = _range_stats(e, bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
-            f = bn.window_features(w, steps, wi.idle_ns, wi.with_work_ns, wi.causes)
+            stats = steps.step_stats(bisect_left(starts, w.start_ns), bisect_right(starts, w.end_ns))
+            f = bn.window_features(w, stats, wi.idle_ns, wi.with_work_ns, wi.causes)
             out.append(WindowVerdict(e.engine_id, w.start_ns, w.end_ns, bn.diagnose(f)))
     return out
 
@@ -370,6 +373,8 @@ def to_json(a: Analysis, *, include_views: bool = False) -> dict[str, Any]:
             "tokens": {"computed": p.computed_tokens, "cached": p.cached_tokens, "transferred": p.transferred_tokens},
             "ttft_p50_s": {"hit": p.ttft_hit_p50_s, "miss": p.ttft_miss_p50_s},
         }
+    if a.client is not None:
+        out["client"] = a.client
     if include_views:
         out["views"] = a.views
     return _clean(out)  # type: ignore[no-any-return]

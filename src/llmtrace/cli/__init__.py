@@ -1,4 +1,4 @@
-"""``llmtrace`` command line: analyze, compare, demo, doctor.
+"""``llmtrace`` command line: analyze, compare, export, load, demo, doctor.
 
 A thin layer over :mod:`llmtrace.analysis` (and the demo/doctor modules, imported only
 when their subcommand runs). Any error a user can cause — a missing file, malformed JSON,
@@ -28,6 +28,9 @@ examples:
   llmtrace analyze http://localhost:16686 --service vllm --since 15m --html report.html
   llmtrace analyze traces.jsonl --json summary.json         # versioned JSON for CI / compare
   llmtrace compare baseline.json summary.json               # exit 1 on a significant regression
+  llmtrace compare traces.jsonl --where 'ttft>p95'          # what the slowest 5% have in common
+  llmtrace export traces.jsonl --format perfetto -o t.json  # timeline for ui.perfetto.dev
+  llmtrace load http://localhost:8000 --profile steps --qps 1:32 --slo ttft=500ms   # capacity
   llmtrace demo --duration-s 20 --html demo.html            # run the reference server traced
   llmtrace doctor                                           # NVML, where spans go, integrations
 """
@@ -49,18 +52,35 @@ exit codes: 0 ok, 2 bad input (unreadable source, malformed data, no spans)
 """
 
 _COMPARE_EPILOG = """\
-BASE and CURRENT are JSON summaries written by `llmtrace analyze --json`, or trace
-sources (analysed on the fly, same forms as `analyze`).
+Two modes.
 
-A latency metric regresses when it is worse by more than --threshold and a one-sided
-Mann-Whitney U test on the per-request samples gives p < --alpha. GPU idle ratio
-regresses when it grows by more than 5 points.
+Regression gate: `compare BASE CURRENT`. BASE and CURRENT are JSON summaries written by
+`llmtrace analyze --json`, or trace sources (analysed on the fly, same forms as
+`analyze`). A latency metric regresses when it is worse by more than --threshold and a
+one-sided Mann-Whitney U test on the per-request samples gives p < --alpha. GPU idle
+ratio regresses when it grows by more than 5 points.
+
+Cohorts: `compare SOURCE... --where SELECTION [--where OTHER]`. The requests of the
+trace source(s) (read together) are split into the selection and the rest (or OTHER),
+and every attribute value — prompt-length bucket, cached share of the prompt, preempted,
+batch size and waiting count at arrival, engine, model, LoRA, service — is ranked by how
+over-represented it is in the selection (effect: share among the selected minus share
+among the others, in points; lift: their ratio), followed by a structural diff of the
+two cohorts (phases and engine steps per request: added, removed, longer, shorter).
+
+SELECTION is clauses joined by "and": FIELD OP VALUE, OP one of > >= < <= = !=.
+  numeric: ttft e2e queue tpot (seconds; 250ms, 2s, or a percentile p95),
+           input_tokens output_tokens, start (+60s from the first arrival, or Unix seconds)
+  text:    service model engine lora trace request finish   (= and != only)
 
 examples:
   llmtrace compare main.json pr.json
   llmtrace compare main.json traces.jsonl.gz --threshold 0.05 --json delta.json
+  llmtrace compare traces.jsonl --where 'ttft>p95'                    # slowest 5% vs the rest
+  llmtrace compare traces.jsonl --where 'start<+60s' --where 'start>=+60s'   # two windows
+  llmtrace compare a.jsonl b.jsonl --where service=api-a --where service=api-b --html c.html
 
-exit codes: 0 no regression, 1 regression, 2 bad input
+exit codes: 0 no regression (cohorts: done), 1 regression, 2 bad input or selection
 """
 
 
@@ -90,23 +110,17 @@ _POSITIVE_INT = _number(int, at_least=1)
 _NON_NEGATIVE_INT = _number(int, at_least=0)
 
 
-def _add_analyze(sub: Any) -> None:
-    p = sub.add_parser(
-        "analyze",
-        help="analyse traces from files or Jaeger",
-        epilog=_ANALYZE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Critical path, phase breakdown, GPU idle gaps, bottleneck and anomalies.",
-    )
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="trace file(s) or a Jaeger URL")
+def _add_query_options(p: argparse.ArgumentParser, *, files_too: bool) -> None:
+    """--service/--since/--until (which spans) and --limit/--api (how Jaeger is asked)."""
+    where = "" if files_too else "Jaeger: "
     p.add_argument(
         "--service",
         action="append",
         metavar="NAME",
-        help="only traces touching this service (repeatable; Jaeger: default all services)",
+        help=f"{where}only traces touching this service (repeatable; Jaeger: default all services)",
     )
-    p.add_argument("--since", metavar="TIME", help="window start: 15m, 2h, 1d ago, RFC 3339 or Unix seconds")
-    p.add_argument("--until", metavar="TIME", help="window end (default: now)")
+    p.add_argument("--since", metavar="TIME", help=f"{where}window start: 15m, 2h, 1d ago, RFC 3339 or Unix seconds")
+    p.add_argument("--until", metavar="TIME", help=f"{where}window end (default: now)")
     p.add_argument(
         "--limit",
         type=_POSITIVE_INT,
@@ -117,6 +131,18 @@ def _add_analyze(sub: Any) -> None:
     p.add_argument(
         "--api", choices=("auto", "v3", "legacy"), default="auto", help="Jaeger API (default auto)"
     )
+
+
+def _add_analyze(sub: Any) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="analyse traces from files or Jaeger",
+        epilog=_ANALYZE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Critical path, phase breakdown, GPU idle gaps, bottleneck and anomalies.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="trace file(s) or a Jaeger URL")
+    _add_query_options(p, files_too=True)
     p.add_argument("--json", metavar="PATH", help='write the JSON summary ("-" for stdout)')
     p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     p.add_argument(
@@ -134,16 +160,59 @@ def _add_analyze(sub: Any) -> None:
     p.set_defaults(func=_lazy("llmtrace.cli._analyze", "run_analyze"))
 
 
+_EXPORT_EPILOG = """\
+SOURCE is one trace file (same forms as `analyze`: OTLP JSON lines, an OTLP/JSON
+document, a saved Jaeger response, .gz, "-" for stdin) or a Jaeger URL.
+
+The output is Chrome Trace Event JSON; open it in https://ui.perfetto.dev or
+chrome://tracing. One process per exporting service/process with a track per engine
+(llm.step with its schedule/forward/sample/postprocess, llm.gc) and one for its
+llm.engine windows; a process "llm requests" with a track per request (llm.request with
+tokenize/queue/prefill/decode); flow arrows between each request and the steps that
+served it (the steps' span links); counters per engine for running/waiting requests and
+KV-cache usage, and per GPU for utilization, memory and power (from hw.gpu.* attributes).
+Spans are written as they are read: memory stays bounded whatever the input's size.
+
+examples:
+  llmtrace export llmtrace-traces.jsonl.gz --format perfetto -o trace.json
+  llmtrace export http://jaeger:16686 --service vllm --since 10m -o trace.json
+  llmtrace export big.jsonl --no-args -o trace.json          # attributes left out: ~20% smaller
+
+exit codes: 0 ok, 2 bad input (unreadable source, malformed data, no spans)
+"""
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="convert traces to a Perfetto / chrome://tracing timeline",
+        epilog=_EXPORT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write a trace source as a timeline: engines, steps, requests, flows and counters.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="trace file or a Jaeger URL")
+    p.add_argument("--format", choices=("perfetto",), default="perfetto",
+                   help="perfetto: Chrome Trace Event JSON, read by Perfetto and chrome://tracing (default)")
+    p.add_argument("-o", "--output", metavar="PATH", required=True, help='file to write ("-" for stdout)')
+    p.add_argument("--no-args", action="store_true", help="leave span attributes out of the slices")
+    _add_query_options(p, files_too=False)
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no summary line")
+    p.set_defaults(func=_lazy("llmtrace.cli._export", "run_export"))
+
+
 def _add_compare(sub: Any) -> None:
     p = sub.add_parser(
         "compare",
         help="compare two runs; exit 1 on regression (CI gate)",
         epilog=_COMPARE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Per-metric deltas with a significance test.",
+        description="Per-metric deltas with a significance test, or what explains a cohort of requests.",
     )
-    p.add_argument("base", metavar="BASE")
-    p.add_argument("current", metavar="CURRENT")
+    p.add_argument("base", metavar="BASE", help="baseline summary or trace source (cohorts: a trace source)")
+    p.add_argument("current", metavar="CURRENT", nargs="?", help="current summary or trace source")
+    p.add_argument("--where", action="append", metavar="SELECTION",
+                   help="cohort mode: the requests to explain; a second --where is the cohort to compare against")
+    p.add_argument("--html", metavar="PATH", help="cohort mode: write the comparison as a self-contained HTML page")
     p.add_argument(
         "--threshold", type=_number(float, at_least=0.0), default=0.10,
         help="relative worsening that fails (default 0.10)",
@@ -160,13 +229,16 @@ Trace a real (tiny) LLM server under load and show what the traces say — no GP
 
 It starts llmtrace's reference server on loopback — an OpenAI-compatible FastAPI front end and
 a continuous-batching engine in its own process, running a random-weight GPT-2 with a KV-cache
-budget small enough that bursts force preemption — instruments both with llmtrace, and sends
-it a bounded load: a steady stream, a burst, long-tail prompt lengths, a few clients that hang
-up mid-stream. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
+budget small enough that the top load steps force preemption — instruments both with llmtrace,
+and runs `llmtrace load` against it: QPS steps 1, 2, 4, 8, 16 (the last ones past what 2 cores
+serve), long-tail prompt lengths, a few chaos clients. Every request is a CLIENT span above the
+server's spans. Every span goes to an OTLP JSON lines file, --output (and also to an OTLP
 collector when OTEL_EXPORTER_OTLP_ENDPOINT or LLMTRACE_ENDPOINT is set) — or, without
---output, where LLMTRACE_EXPORTER sends it when that is set. Then the report of `llmtrace
-analyze` on this run's spans in the file is printed: latency, phase breakdown, critical path,
-GPU idle gaps, the bottleneck and anomalies (with no file, the demo says where they went)."""
+--output, where LLMTRACE_EXPORTER sends it when that is set. It prints the load report
+(capacity under the SLO ttft=500ms,tpot=100ms, the knee), then the report of `llmtrace analyze`
+on this run's spans in the file: latency, phase breakdown, critical path, GPU idle gaps, the
+bottleneck, anomalies and the client-vs-server view per load step (with no file, the demo says
+where they went)."""
 
 _DEMO_EPILOG = """\
 examples:
@@ -177,6 +249,12 @@ examples:
   LLMTRACE_EXPORTER=file:run.jsonl,otlp llmtrace demo              # appended to run.jsonl, and OTLP
   llmtrace analyze llmtrace-demo-traces.jsonl --json summary.json   # the traces again, later
 """
+
+
+def _add_load(sub: Any) -> None:
+    from llmtrace.cli._load import add_load_parser
+
+    add_load_parser(sub, _number).set_defaults(func=_lazy("llmtrace.cli._load", "run_load_command"))
 
 
 def _add_demo(sub: Any) -> None:
@@ -194,7 +272,8 @@ def _add_demo(sub: Any) -> None:
         help="load duration in seconds (default 40: about a minute in all on 2 cores)",
     )
     p.add_argument("--requests", type=_POSITIVE_INT, default=None, help="stop after this many requests")
-    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32, help="most requests in flight at once (default 32)")
+    p.add_argument("--concurrency", type=_POSITIVE_INT, default=32,
+                   help="most requests in flight at once: the client's connection pool (default 32)")
     p.add_argument("--output", metavar="PATH", default=None,
                    help="trace file to write, OTLP JSON lines, replaced (default: the file of LLMTRACE_EXPORTER "
                         "when that is set, appended to; else llmtrace-demo-traces.jsonl)")
@@ -242,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_analyze(sub)
     _add_compare(sub)
+    _add_load(sub)
+    _add_export(sub)
     _add_demo(sub)
     _add_doctor(sub)
     return parser

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from llmtrace.analysis.build import build_traceset
-from llmtrace.analysis.model import Span
+from llmtrace.analysis.model import Span, TraceSet
 from llmtrace.analysis.sources import is_url, load_spans, new_engine_table
 from llmtrace.analysis.summary import Analysis, analyze, to_json
 from llmtrace.cli._progress import Progress
@@ -29,8 +29,8 @@ def _window(args: argparse.Namespace) -> tuple[int | None, int | None]:
     return since, until
 
 
-def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: bool) -> Analysis:
-    """Read every source, build one trace set, analyse it (shared with ``compare``)."""
+def load_traceset(sources: list[str], args: argparse.Namespace, *, quiet: bool) -> TraceSet:
+    """Read every source into one trace set (shared with ``compare``)."""
     since, until = _window(args)
     spans: list[Span] = []
     warnings: list[str] = []
@@ -61,6 +61,12 @@ def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: boo
     if not ts.requests and not ts.engines:
         note = "no llm.request or llm.step spans found: is this an llmtrace-instrumented service?"
         ts = dataclasses.replace(ts, warnings=(*ts.warnings, note))
+    return ts
+
+
+def load_and_analyze(sources: list[str], args: argparse.Namespace, *, quiet: bool) -> Analysis:
+    """Read every source, build one trace set, analyse it (shared with ``compare``)."""
+    ts = load_traceset(sources, args, quiet=quiet)
     allowance = int(getattr(args, "overlap_allowance_ms", 0.0) * 1e6)
     return analyze(ts, source=", ".join(sources), overlap_allowance_ns=allowance)
 

@@ -13,7 +13,7 @@ from llmtrace.analysis.sources import is_url
 from llmtrace.analysis.sources._json import DecodeErrors, loads
 from llmtrace.analysis.summary import SCHEMA, to_json
 from llmtrace.cli._analyze import load_and_analyze, write_text
-from llmtrace.errors import SourceError
+from llmtrace.errors import LLMTraceError, SourceError
 
 #: A summary is small; only a file that starts like one and is under this size is read as
 #: a summary candidate (a multi-GB trace file is never slurped to find out).
@@ -59,6 +59,14 @@ def _resorted_summary(data: bytes, spec: str) -> dict[str, Any] | None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    if args.where:
+        from llmtrace.cli._cohort import run_cohorts
+
+        return run_cohorts(args)
+    if args.html:
+        raise LLMTraceError("--html applies to cohorts (--where); the regression gate writes --json")
+    if args.current is None:
+        raise LLMTraceError("compare needs BASE and CURRENT (or --where SELECTION to compare cohorts)")
     base = _as_summary(args.base, args)
     current = _as_summary(args.current, args)
     rows = compare(base, current, threshold=args.threshold, alpha=args.alpha)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TextIO
+
+from llmtrace._status_line import StatusLine
 
 #: Redraw at most this often; a bar that repaints per line would cost more than parsing.
 _MIN_INTERVAL_S = 0.1
@@ -19,18 +20,16 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"  # pragma: no cover
 
 
-class Progress:
+class Progress(StatusLine):
     """Callable ``(done, total)``; ``total == 0`` means unknown (a spinner-like byte count)."""
 
     def __init__(
         self, label: str, *, enabled: bool | None = None, stream: TextIO | None = None, unit: str = "bytes"
     ) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
+        super().__init__(enabled=enabled, stream=stream)
         self.label = label
         self.unit = unit
         self._last = 0.0
-        self._drawn = False
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
@@ -44,14 +43,6 @@ class Progress:
             filled = int(frac * _WIDTH)
             bar = "#" * filled + "-" * (_WIDTH - filled)
             tail = f"{frac:4.0%}" + (f" {_human(done)}/{_human(total)}" if self.unit == "bytes" else "")
-            self.stream.write(f"\r{self.label} [{bar}] {tail}")
+            self.show(f"{self.label} [{bar}] {tail}")
         else:
-            self.stream.write(f"\r{self.label} {_human(done) if self.unit == 'bytes' else done}")
-        self.stream.flush()
-        self._drawn = True
-
-    def close(self) -> None:
-        if self._drawn:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-            self._drawn = False
+            self.show(f"{self.label} {_human(done) if self.unit == 'bytes' else done}")

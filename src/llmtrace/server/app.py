@@ -93,6 +93,8 @@ class Generation:
         self.stop = stop
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        #: Prompt tokens the engine's prefix cache served (None until it reports).
+        self.cached_tokens: int | None = None
 
     async def pieces(self) -> AsyncGenerator[str, None]:
         """Text as the engine produces tokens; raises :class:`EngineFailure` if the engine fails it."""
@@ -113,6 +115,7 @@ class Generation:
                     raise error
                 if reason != "error":
                     self.handle.engine_summary(summary)
+                    self.cached_tokens = summary.get("cached_tokens")
                 if self.finish_reason is None:
                     self.finish_reason = reason
                     if tail := self.stop.flush():
@@ -175,7 +178,7 @@ class CompletionService:
         async with aclosing(generation.pieces()) as pieces:
             text = "".join([piece async for piece in pieces])
         return JSONResponse(writer.body(text, generation.finish_reason or "stop", len(prompt_ids),
-                                        generation.completion_tokens))
+                                        generation.completion_tokens, generation.cached_tokens))
 
     def _prompt_ids(self, handle: Any, request: CompletionRequest) -> list[int]:
         if request.prompt.token_ids is not None:
@@ -215,7 +218,7 @@ async def _stream(writer: ResponseWriter, generation: Generation, prompt_tokens:
                 yield sse(writer.text_chunk(text))
         yield sse(writer.finish_chunk(generation.finish_reason or "stop"))
         if writer.include_usage:
-            yield sse(writer.usage_chunk(prompt_tokens, generation.completion_tokens))
+            yield sse(writer.usage_chunk(prompt_tokens, generation.completion_tokens, generation.cached_tokens))
     except EngineFailure as exc:
         yield sse(exc.body())
     except Exception:

@@ -1,126 +1,95 @@
-"""``llmtrace demo``: the reference server, traced, under a bounded load — then the analysis.
+"""``llmtrace demo``: the reference server, traced, under ``llmtrace load`` — then the analysis.
 
 1. instruments this process (spans where ``LLMTRACE_EXPORTER`` sends them when it is
    set, else to the ``--output`` file and to OTLP too when an endpoint is configured:
    :func:`demo_export`), starts the reference server on a free loopback port (API front
    end here, engine in its own process, which exports to the same places);
-2. drives a self-stopping load over loopback: a steady Poisson stream, a burst
-   that overfills the KV-cache budget (so preemption happens), then long-tail
-   prompt lengths; a few clients disconnect mid-stream;
-3. stops the server (the engine flushes its spans), then runs ``llmtrace analyze``
-   on the file this run wrote, or says where the spans went when no file has them.
+2. runs ``llmtrace load`` against it in this process: QPS steps from well below to past what
+   the 2-core engine serves (so the report shows a capacity, a knee and the bottleneck
+   moving), long-tail prompt lengths, most prompts opening with one of a few shared system
+   prompts (prefix-cache hits), a few chaos clients; every request a CLIENT span above
+   the server's SERVER span, into the same file;
+3. prints the load report, stops the server (the engine flushes its spans), then runs
+   ``llmtrace analyze`` on the file this run wrote — client and server joined — or says
+   where the spans went when no file has them.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import random
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmtrace.config import resolve
+from llmtrace.load.model import Chaos
 
-#: Requests per second of the steady and long-tail phases; the 2-core reference engine
-#: serves ~5-10/s, so the burst on top of it builds a queue.
-ARRIVAL_RATE_PER_S = 4.0
-BURST_SIZE = 24
-#: Share of streaming clients that hang up after a few chunks (shows ``abort``).
-DISCONNECT_SHARE = 0.03
+#: Offered load per step, requests/s: the 2-core reference engine serves ~5-10/s, so the last
+#: steps are past saturation.
+DEMO_QPS = (1.0, 2.0, 4.0, 8.0, 16.0)
+#: Share of chaos clients: hang-ups mid-stream and slow readers (malformed bodies are left to
+#: `llmtrace load --chaos`: the demo's output is the analysis, not the server's log of junk).
+CHAOS_SHARE = 0.04
+CHAOS_KINDS = (Chaos.DISCONNECT, Chaos.SLOW_READER)
+#: Median prompt/answer tokens, long-tailed, capped within the tiny model's 512 positions.
+INPUT_TOKENS, OUTPUT_TOKENS = 48, 24
+MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS = 300, 64
+#: The demo's objectives: what the load report's goodput and capacity are measured against.
+DEMO_SLO = "ttft=500ms,tpot=100ms"
 DEFAULT_OUTPUT = "llmtrace-demo-traces.jsonl"
+#: Shared system prompts: most requests open with one of a few (one prefix block each), as
+#: an application's requests do, so the engine's prefix cache has hits to show and misses.
+SYSTEM_PROMPTS, SYSTEM_PROMPT_SHARE, SYSTEM_PROMPT_TOKENS = 3, 0.75, 32
 #: KV budget of the demo engine: 48 blocks of 16 tokens is less than 16 running requests
-#: need at their longest, so a burst forces preemption.
-DEMO_ENGINE = {"total_blocks": 48, "block_size": 16, "max_batch": 16}
-_WORDS = ("the model", "a request", "tokens", "batch", "queue", "prefill", "decode", "GPU", "latency",
-          "stream", "server", "kernel", "cache", "scheduler", "trace", "span", "window", "step")
+#: need at their longest, so the top steps force preemption. The modeled prefill cost per
+#: computed prompt token (the reference engine recomputes every step) is what a hit saves.
+DEMO_ENGINE = {"total_blocks": 48, "block_size": 16, "max_batch": 16, "prefill_token_delay_s": 0.0002}
 
 
-@dataclass(frozen=True)
-class PlannedRequest:
-    at_s: float
-    prompt_words: int
-    max_tokens: int
-    stream: bool
-    chat: bool
-    disconnect_after: int | None
-    phase: str
+def plan_demo(duration_s: float, max_requests: int | None, seed: int = 0) -> Any:
+    """The demo's load: one QPS step per :data:`DEMO_QPS` level, *duration_s* in all."""
+    from llmtrace.load.arrivals import Lengths, make_steps, plan_open_loop
 
-
-def plan_load(duration_s: float, max_requests: int | None, seed: int = 0) -> list[PlannedRequest]:
-    """The arrival schedule: steady, burst at the midpoint, then long-tail prompt lengths."""
+    steps = make_steps(list(DEMO_QPS), duration_s / len(DEMO_QPS), closed_loop=False)
+    lengths = Lengths(INPUT_TOKENS, OUTPUT_TOKENS, "long-tail", MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS)
     rng = random.Random(seed)
-    plan: list[PlannedRequest] = []
-    t = 0.0
-    half = duration_s / 2
-    while t < duration_s:
-        t += rng.expovariate(ARRIVAL_RATE_PER_S)
-        long_tail = t >= half
-        words = int(min(220, rng.lognormvariate(3.0, 0.9))) if long_tail else rng.randint(5, 30)
-        plan.append(_request(rng, t, max(1, words), "long-tail" if long_tail else "steady"))
-    plan.extend(_request(rng, half, rng.randint(10, 40), "burst") for _ in range(BURST_SIZE))
-    plan.sort(key=lambda r: r.at_s)
-    return plan[:max_requests] if max_requests else plan
+    planned = plan_open_loop(steps, lengths, rng=rng, chaos_share=CHAOS_SHARE, chaos_kinds=CHAOS_KINDS)
+    planned = [replace(p, prefix_blocks=(rng.randrange(SYSTEM_PROMPTS),)) if rng.random() < SYSTEM_PROMPT_SHARE
+               else p for p in planned]
+    return steps, planned[:max_requests] if max_requests else planned
 
 
-def _request(rng: random.Random, at_s: float, words: int, phase: str) -> PlannedRequest:
-    stream = rng.random() < 0.8
-    disconnect = rng.randint(2, 5) if stream and rng.random() < DISCONNECT_SHARE else None
-    return PlannedRequest(at_s, words, rng.randint(8, 48), stream, rng.random() < 0.3, disconnect, phase)
+def _calibration() -> Any:
+    """Prompt tokens per word from the reference server's own tokenizer (no probe requests,
+    which would show up in the analysis as requests of their own)."""
+    from llmtrace.load.prompts import PROBE_WORDS, fit_calibration, words
+    from llmtrace.server.app import TOKENIZER_CACHE
+    from llmtrace.server.tiny_model import train_tokenizer
+
+    tokenizer = train_tokenizer(cache_dir=TOKENIZER_CACHE)
+    return fit_calibration([(n, len(tokenizer.encode(words(n, random.Random(n))))) for n in PROBE_WORDS])
 
 
-async def _send(client: Any, base_url: str, req: PlannedRequest, rng: random.Random) -> str:
-    prompt = " ".join(rng.choice(_WORDS) for _ in range(req.prompt_words))
-    body: dict[str, Any] = {"max_tokens": req.max_tokens, "stream": req.stream, "temperature": 0.8, "top_p": 0.95}
-    if req.chat:
-        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": prompt}]
-    else:
-        path, body["prompt"] = "/v1/completions", prompt
-    if not req.stream:
-        response = await client.post(base_url + path, json=body)
-        return "ok" if response.status_code == 200 else f"http {response.status_code}"
-    chunks = 0
-    async with client.stream("POST", base_url + path, json=body) as response:
-        if response.status_code != 200:
-            return f"http {response.status_code}"
-        async for line in response.aiter_lines():
-            chunks += line.startswith("data:")
-            if req.disconnect_after is not None and chunks >= req.disconnect_after:
-                return "disconnected"
-    return "ok"
+def run_load_against(base_url: str, duration_s: float, max_requests: int | None, concurrency: int,
+                     traces_file: str | None) -> dict[str, Any]:
+    """``llmtrace load`` on the demo's plan, from a process of its own (this one serves the API,
+    and a client sharing its event loop would measure itself); the load report's summary."""
+    from llmtrace.load.client import Target
+    from llmtrace.load.report import json_safe, summarize
+    from llmtrace.load.runner import LoadSpec, run_load
+    from llmtrace.load.slo import parse_slo
+    from llmtrace.server.app import MODEL_NAME
 
-
-async def drive_load(base_url: str, plan: list[PlannedRequest], concurrency: int,
-                     progress: Any | None = None) -> dict[str, int]:
-    """Send the planned requests on time (at most *concurrency* in flight); count outcomes."""
-    import httpx
-
-    outcomes: dict[str, int] = {}
-    limit = asyncio.Semaphore(concurrency)
-    rng = random.Random(1)
-    start = time.monotonic()
-    done = 0
-
-    async def one(client: httpx.AsyncClient, req: PlannedRequest) -> None:
-        nonlocal done
-        await asyncio.sleep(max(0.0, req.at_s - (time.monotonic() - start)))
-        async with limit:
-            try:
-                outcome = await _send(client, base_url, req, rng)
-            except httpx.HTTPError as exc:
-                outcome = type(exc).__name__
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        done += 1
-        if progress is not None:
-            progress(done, len(plan))
-
-    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0)) as client:
-        await asyncio.gather(*(one(client, req) for req in plan))
-    return outcomes
+    steps, planned = plan_demo(duration_s, max_requests)
+    spec = LoadSpec(target=Target(base_url, model=MODEL_NAME, timeout_s=120.0), profile="steps", steps=steps,
+                    planned=tuple(planned), max_connections=concurrency, traces_file=traces_file,
+                    prefix_block_tokens=SYSTEM_PROMPT_TOKENS)
+    run = run_load(spec, calibration=_calibration(), own_process=True)
+    return dict(json_safe(summarize(run, parse_slo(DEMO_SLO))))
 
 
 @dataclass(frozen=True)
@@ -166,7 +135,7 @@ def demo_export(output: str | None, environ: Mapping[str, str]) -> DemoExport:
 def run_demo(args: argparse.Namespace) -> int:
     """Entry point of ``llmtrace demo`` (see ``llmtrace demo --help``)."""
     import llmtrace
-    from llmtrace.cli._progress import Progress
+    from llmtrace.load.terminal import render
     from llmtrace.server.app import create_app
     from llmtrace.server.runner import ServerThread
 
@@ -176,22 +145,18 @@ def run_demo(args: argparse.Namespace) -> int:
     started_ns = time.time_ns()
     os.environ.setdefault("LLMTRACE_QUIET", "1")
     llmtrace.instrument(exporter=export.exporter, service_name="llmtrace-demo", metrics_interval_s=5.0)
-    plan = plan_load(args.duration_s, args.requests)
-    print(f"llmtrace demo: {len(plan)} requests over ~{args.duration_s:.0f}s "
-          f"(steady, a burst of {BURST_SIZE}, long-tail prompts); traces -> {export.describe()}", file=sys.stderr)
+    levels = ", ".join(f"{q:g}" for q in DEMO_QPS)
+    print(f"llmtrace demo: llmtrace load with QPS steps {levels} over ~{args.duration_s:.0f}s (long-tail prompts, "
+          f"shared system prompts, a few chaos clients); traces -> {export.describe()}", file=sys.stderr)
     print("starting the reference server (API front end + engine process)...", file=sys.stderr)
     server = ServerThread(create_app(DEMO_ENGINE))
     base_url = server.start()
-    bar = Progress("requests", unit="requests", enabled=None)
-    started = time.monotonic()
     try:
-        outcomes = asyncio.run(drive_load(base_url, plan, args.concurrency, bar))
+        summary = run_load_against(base_url, args.duration_s, args.requests, args.concurrency, export.file)
     finally:
-        bar.close()
         server.stop()  # the engine process flushes its spans before it exits
         llmtrace.flush(timeout_s=10.0)
-    elapsed = time.monotonic() - started
-    print(f"load done in {elapsed:.1f}s: {json.dumps(outcomes, sort_keys=True)}", file=sys.stderr)
+    print(render(summary) + "\n")
     llmtrace.shutdown(timeout_s=10.0)
     return _analyse(export, args, started_ns)
 

@@ -58,6 +58,10 @@ class EngineConfig:
     forward_delay_s: float = 0.0
     #: Fault injection for tests: a forward pass over a prompt holding this token id raises.
     fail_on_token_id: int | None = None
+    #: Modeled prefill cost, seconds per prompt token computed (not served by the prefix cache).
+    #: This engine recomputes every token each step, so without it a cache hit saves no time;
+    #: the demo sets it to show what a hit is worth on an engine with a KV cache.
+    prefill_token_delay_s: float = 0.0
 
 
 class ReferenceEngine:
@@ -97,6 +101,8 @@ class ReferenceEngine:
             if seq is not None:
                 self.sequences.pop(request_id, None)
                 summary = self.tracker.finished(request_id, reason, output_tokens=len(seq.output_ids))
+                # The API's usage reports the prefix-cache hit, traced or not.
+                summary.setdefault("cached_tokens", seq.cached_tokens or 0)
                 self.out.send(("outputs", [], [(request_id, reason, summary)]))
         elif kind == "stats":
             self.out.send(("stats", self.stats()))
@@ -166,16 +172,22 @@ class ReferenceEngine:
         plan = self.scheduler.schedule()
         for seq in plan.preempted:
             self.tracker.preempted(seq.request_id)
+        for seq in plan.admitted:  # the first admission's prefix-cache hit is the request's
+            if seq.cached_tokens is not None and (handle := self.tracker.get(seq.request_id)) is not None:
+                handle.prompt_cached(seq.cached_tokens)
         if not plan.batch:
             return
         ids = [seq.request_id for seq in plan.batch]
         step.batch(ids, prefill_tokens=plan.prefill_tokens, decode_tokens=plan.decode_tokens,
                    waiting=len(self.scheduler.waiting), running=len(self.scheduler.running),
-                   kv_cache_usage=self.scheduler.kv_cache_usage, preempted=len(plan.preempted))
+                   kv_cache_usage=self.scheduler.kv_cache_usage, preempted=len(plan.preempted),
+                   cached_tokens=plan.cached_tokens)
         step.mark("forward")
         batch = plan.batch
         try:
             logits = self._forward(batch)
+            if self.config.prefill_token_delay_s and plan.prefill_tokens:
+                time.sleep(self.config.prefill_token_delay_s * plan.prefill_tokens)
             step.mark("sample")
             tokens = self._sample(batch, logits)
         except Exception as exc:  # noqa: BLE001 - find the request(s) it came from; the rest go on

@@ -49,6 +49,8 @@ class Schedule:
     preempted: list[Sequence]
     #: Prompt tokens of the sequences admitted in this step that the prefix cache served.
     cached_tokens: int = 0
+    #: The sequences admitted in this step (new or back from a preemption).
+    admitted: list[Sequence] = field(default_factory=list)
 
 
 class Scheduler:
@@ -118,6 +120,7 @@ class Scheduler:
         for seq in reversed(preempted):
             self.waiting.appendleft(seq)
         prefill_tokens = cached_tokens = 0
+        admitted: list[Sequence] = []
         while self.waiting and len(self.running) < self.max_batch:
             seq = self.waiting[0]
             if prefill_tokens and prefill_tokens + seq.length > self.max_prefill_tokens:
@@ -127,10 +130,11 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            admitted.append(seq)
             prefill_tokens += seq.length - cached
             cached_tokens += cached
         decode_tokens = sum(1 for s in self.running if not s.needs_prefill)
-        return Schedule(list(self.running), prefill_tokens, decode_tokens, preempted, cached_tokens)
+        return Schedule(list(self.running), prefill_tokens, decode_tokens, preempted, cached_tokens, admitted)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -25,9 +25,14 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 DONE = sse("[DONE]")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens_details.cached_tokens`` when the engine reported its
+    prefix-cache hit."""
+    body: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class ResponseWriter:
@@ -67,10 +72,12 @@ class ResponseWriter:
     def finish_chunk(self, finish_reason: str) -> dict[str, Any]:
         return self._chunk([self._choice(None if self.chat else "", finish_reason)])
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self._chunk([]), "usage": usage(prompt_tokens, completion_tokens)}
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int,
+                    cached_tokens: int | None = None) -> dict[str, Any]:
+        return {**self._chunk([]), "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
-    def body(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def body(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+             cached_tokens: int | None = None) -> dict[str, Any]:
         """The whole (not streamed) response."""
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
         if self.chat:
@@ -78,7 +85,7 @@ class ResponseWriter:
         else:
             choice["text"] = text
         body = self._envelope("chat.completion" if self.chat else "text_completion", [choice])
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
 

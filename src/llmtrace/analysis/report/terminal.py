@@ -55,9 +55,30 @@ def render(summary: Mapping[str, Any], *, max_anomalies: int = 5) -> str:
     lines += _gpu_idle(summary["gpu_idle"])
     lines += _bottleneck(summary["bottleneck"])
     lines += _anomalies(summary["anomalies"], max_anomalies)
+    if summary.get("client"):
+        lines += _client(summary["client"])
     if src["warnings"]:
         lines += ["", "Warnings"] + [f"  ! {w}" for w in src["warnings"]]
     return "\n".join(lines)
+
+
+def _client(client: Mapping[str, Any]) -> list[str]:
+    """The load client's view joined to the server's (analysis/client_join.py)."""
+    d = client.get("ttft_delta_s") or {}
+    out = ["", f"Client vs server ({client['requests']} requests sent by a load client)",
+           f"  client TTFT - server TTFT (network, front end): p50 {fmt_s(d.get('p50'))}, "
+           f"p99 {fmt_s(d.get('p99'))}"]
+    if client.get("pool_wait_s"):
+        w = client["pool_wait_s"]
+        out.append(f"  waiting for the client's own connection pool (not the server): p50 {fmt_s(w.get('p50'))}, "
+                   f"p99 {fmt_s(w.get('p99'))}")
+    if len(client["steps"]) > 1:
+        out.append(f"  {'load step':<18}{'client TTFT p50':>16}{'server p50':>12}{'queue':>8}{'decode':>8}  bottleneck")
+        for s in client["steps"]:
+            c, srv, b = s.get("client_ttft_s") or {}, s.get("server_ttft_s") or {}, s["breakdown"]
+            out.append(f"  {s['label']!s:<18}{fmt_s(c.get('p50')):>16}{fmt_s(srv.get('p50')):>12}"
+                       f"{_pct(b.get('queue')):>8}{_pct(b.get('decode')):>8}  {s['bottleneck'] or '-'}")
+    return out
 
 
 def _row(d: Mapping[str, Any]) -> str:

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from llmtrace.analysis._gc import paused_gc
+from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis.engine_table import EngineTable, merge_in
 from llmtrace.analysis.errors import EmptySourceError
 from llmtrace.analysis.model import Span
 from llmtrace.analysis.sources.files import ReadStats, iter_file_batches, iter_file_spans
 from llmtrace.analysis.sources.jaeger import DEFAULT_LIMIT, JaegerSource
-from llmtrace.analysis.sources.otlp_native import new_table as new_engine_table
 
 if TYPE_CHECKING:
     import httpx
@@ -34,6 +34,12 @@ class Loaded:
     source: str
     spans: list[Span]
     warnings: list[str] = field(default_factory=list)
+
+
+def new_engine_table() -> EngineTable | None:
+    """An empty engine table for ``load_spans(table=...)``; ``None`` where the compiled
+    kernels are not in use (every span is then a Python object)."""
+    return KERNELS.new_engine_table()
 
 
 def is_url(spec: str) -> bool:

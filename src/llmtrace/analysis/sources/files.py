@@ -21,10 +21,10 @@ import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
+from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis.engine_table import EngineTable
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import Span
-from llmtrace.analysis.sources import otlp_native, otlp_typed
 from llmtrace.analysis.sources._json import DecodeErrors, error_position, iter_documents, loads, short_message
 from llmtrace.analysis.sources.jaeger_json import spans_from_jaeger_legacy
 from llmtrace.analysis.sources.otlp import Interner, document_kind, spans_from_otlp
@@ -85,40 +85,31 @@ LineDecoder = Callable[[bytes, Interner], list[Span] | None]
 
 
 def decoder_name(source: str) -> str:
-    """Which decoder reads OTLP lines first: ``native``, ``typed`` or ``generic``.
-
-    ``LLMTRACE_ANALYSIS_DECODER`` picks one for tests and benchmarks (unset: the fastest
-    installed); asking for one that is not installed is an error, except ``typed``, which
-    falls back to the generic path as it always has."""
+    """Which decoder reads OTLP lines first: ``native`` (the compiled kernels' decoder, where
+    they are in use) or ``generic`` (the Python reader, which reads every line the compiled
+    one declines). ``LLMTRACE_ANALYSIS_DECODER`` picks one for tests and benchmarks; asking
+    for ``native`` where it is not in use is an error."""
     choice = os.environ.get("LLMTRACE_ANALYSIS_DECODER", "")
-    if choice not in ("", "native", "typed", "generic"):
-        raise SourceError(source, f"LLMTRACE_ANALYSIS_DECODER={choice!r}: use native, typed or generic", "environment")
-    if choice == "native" and not otlp_native.AVAILABLE:
+    if choice not in ("", "native", "generic"):
+        raise SourceError(source, f"LLMTRACE_ANALYSIS_DECODER={choice!r}: use native or generic", "environment")
+    if choice == "native" and not KERNELS.compiled:
         raise SourceError(source, "LLMTRACE_ANALYSIS_DECODER=native, but llmtrace-native is not in use (not "
                           "built: pip install ./native; or LLMTRACE_ANALYSIS_NATIVE=0; or built from another "
                           "version)", "environment")
-    if otlp_native.AVAILABLE and choice in ("", "native"):
-        return "native"
-    if otlp_typed.AVAILABLE and choice != "generic":
-        return "typed"
-    return "generic"
+    return "native" if KERNELS.compiled and choice != "generic" else "generic"
 
 
 def line_decoder(source: str, table: EngineTable | None = None) -> LineDecoder | None:
-    """The fast decoder for OTLP lines (:func:`decoder_name`): the compiled one, backed by
-    the typed msgspec one where both are installed; ``None``: every line takes the generic
-    dict path. The compiled one puts engine-side spans into ``table`` when given."""
-    name = decoder_name(source)
-    typed = otlp_typed.spans_from_line if otlp_typed.AVAILABLE and name != "generic" else None
-    if name != "native":
-        return typed
-    native = otlp_native.spans_from_line
+    """The compiled decoder for OTLP lines (:func:`decoder_name`), putting engine-side spans
+    into ``table`` when given; ``None``: every line takes the generic path."""
+    if decoder_name(source) != "native":
+        return None
+    decode = KERNELS.decode_line
 
-    def native_then_typed(line: bytes, intern: Interner) -> list[Span] | None:
-        spans = native(line, intern, table)
-        return spans if spans is not None or typed is None else typed(line, intern)
+    def compiled(line: bytes, intern: Interner) -> list[Span] | None:
+        return decode(line, intern.strings, table)
 
-    return native_then_typed
+    return compiled
 
 
 def _open(path: str) -> tuple[BinaryIO, BinaryIO, int]:
@@ -148,13 +139,21 @@ def iter_file_spans(path: str, *, stats: ReadStats | None = None, progress: Prog
 
 
 def iter_file_batches(
-    path: str, *, stats: ReadStats | None = None, progress: ProgressFn | None = None, table: EngineTable | None = None
+    path: str,
+    *,
+    stats: ReadStats | None = None,
+    progress: ProgressFn | None = None,
+    table: EngineTable | None = None,
+    intern: Interner | None = None,
 ) -> Iterator[list[Span]]:
     """Stream a trace file one document (one exporter batch) at a time; with ``table`` (and
     llmtrace-native in use), OTLP lines leave their engine-side spans in it instead (the
-    caller keeps ``table.python_seen`` up to date with the spans it has taken)."""
+    caller keeps ``table.python_seen`` up to date with the spans it has taken).
+
+    ``intern``: the string cache to use; a streaming reader that holds no spans passes its
+    own and empties it now and then (it otherwise grows with every trace id read)."""
     stats = stats if stats is not None else ReadStats()
-    intern = Interner()
+    intern = intern if intern is not None else Interner()
     try:
         stream, raw, size = _open(path)
     except OSError as exc:
@@ -218,9 +217,9 @@ def _iter_lines(
     progress: ProgressFn | None,
     table: EngineTable | None,
 ) -> Iterator[list[Span]]:
-    # The compiled and typed decoders read OTLP lines straight into spans; a line they
-    # decline (anything but plain OTLP traces, or input to report an error on) takes the
-    # generic path below, which yields the same spans and raises the same errors. The first
+    # The compiled decoder reads OTLP lines straight into spans; a line it declines
+    # (anything but plain OTLP traces, or input to report an error on) takes the generic
+    # path below, which yields the same spans and raises the same errors. The first
     # line too (decoded once already to detect the format): with an engine table, its
     # engine spans must go where the rest of their engine's go.
     fast = line_decoder(path, table)

@@ -19,6 +19,7 @@ import binascii
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from llmtrace import semconv as sc
 from llmtrace.analysis.errors import SourceError
 from llmtrace.analysis.model import EMPTY_ATTRS, Link, Span, SpanKind, StatusCode
 from llmtrace.analysis.sources._json import TOO_DEEP
@@ -131,7 +132,7 @@ def _attributes(raw: Any, intern: Interner) -> dict[str, Any]:
 
 def _resource(raw: Any, intern: Interner) -> tuple[str, Mapping[str, Any]]:
     attrs = _attributes((raw or {}).get("attributes"), intern)
-    service = attrs.get("service.name")
+    service = attrs.get(sc.SERVICE_NAME)
     return intern(str(service)) if service is not None else "", attrs or EMPTY_ATTRS
 
 

@@ -7,8 +7,9 @@ pipeline would produce request traces that look complete and are not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
+
+from llmtrace.integrations._targets import Target
 
 DISTRIBUTION: Final = "vllm"
 TRIGGER: Final = "vllm"
@@ -36,16 +37,6 @@ MAX_OPEN_REQUESTS: Final = 100_000
 MAX_RENDERS: Final = 4096
 #: An ``arrival_time`` further in the past than this is not trusted as the request's start.
 MAX_ARRIVAL_AGE_NS: Final = 600_000_000_000
-
-
-@dataclass(frozen=True)
-class Target:
-    """One wrapped method: where it lives, and the parameters the wrapper binds by name."""
-
-    module: str
-    path: str
-    params: tuple[str, ...]
-    side: str  # "api" (API-server process) or "engine" (EngineCore process)
 
 
 SCHEDULER_MODULE: Final = "vllm.v1.core.sched.scheduler"

@@ -9,20 +9,14 @@ It never raises (vLLM calls it without a guard).
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
-import os
 
+from llmtrace.integrations import _engine_plugin
 from llmtrace.integrations.vllm._constants import PLUGIN_ENV
-
-log = logging.getLogger("llmtrace")
-
-_TRUE = ("1", "true", "yes", "on")
 
 
 def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
-    env = os.environ if environ is None else environ
-    return env.get(PLUGIN_ENV, "").strip().lower() in _TRUE
+    return _engine_plugin.enabled_by_env(PLUGIN_ENV, environ)
 
 
 def process_role(process_name: str | None = None) -> str:
@@ -37,16 +31,4 @@ def process_role(process_name: str | None = None) -> str:
 
 def vllm_plugin() -> None:
     """Called by vLLM in each of its processes; turns llmtrace on when ``LLMTRACE_VLLM=1``."""
-    try:
-        if not enabled_by_env():
-            return
-        from llmtrace import _instrument, instrument
-
-        if _instrument.current() is not None:
-            return  # the application called llmtrace.instrument() itself
-        options: dict[str, str] = {}
-        if not os.environ.get("LLMTRACE_PROCESS_ROLE"):
-            options["process_role"] = process_role()
-        instrument(**options)
-    except Exception as exc:  # noqa: BLE001 - a tracing plugin must never stop vLLM from starting
-        log.warning("llmtrace: vLLM plugin could not start tracing: %s", exc)
+    _engine_plugin.start("vLLM", PLUGIN_ENV, process_role)

@@ -8,12 +8,12 @@ plain stand-ins alike. Nothing here imports vLLM.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llmtrace import semconv
+from llmtrace.integrations._targets import number
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
@@ -62,16 +62,6 @@ class OutputEvent:
     finish_reason: str | None
 
 
-def _number(value: Any, kind: type) -> Any:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        return None
-    if isinstance(number, float) and not math.isfinite(number):
-        return None
-    return number
 
 
 def _length(value: Any) -> int | None:
@@ -84,16 +74,16 @@ def _length(value: Any) -> int | None:
 def request_params(request: Any) -> RequestParams:
     """From an ``EngineCoreRequest`` (API side) or a ``Request`` (engine side)."""
     sampling = getattr(request, "sampling_params", None)
-    prompt_tokens = _number(getattr(request, "num_prompt_tokens", None), int)
+    prompt_tokens = number(getattr(request, "num_prompt_tokens", None), int)
     if prompt_tokens is None:
         prompt_tokens = _length(getattr(request, "prompt_token_ids", None))
     kind = getattr(getattr(sampling, "output_kind", None), "value", None)
     return RequestParams(
         request_id=str(getattr(request, "request_id", "")),
         prompt_tokens=prompt_tokens,
-        max_tokens=_number(getattr(sampling, "max_tokens", None), int),
-        temperature=_number(getattr(sampling, "temperature", None), float),
-        top_p=_number(getattr(sampling, "top_p", None), float),
+        max_tokens=number(getattr(sampling, "max_tokens", None), int),
+        temperature=number(getattr(sampling, "temperature", None), float),
+        top_p=number(getattr(sampling, "top_p", None), float),
         stream=None if kind is None else kind == _OUTPUT_KIND_DELTA,
         lora=lora_name(getattr(request, "lora_request", None)),
     )
@@ -110,8 +100,8 @@ def prefill_cache(prefill_stats: Any) -> tuple[int, int] | None:
     request's first ``EngineCoreOutput``; None when absent or malformed."""
     if prefill_stats is None:
         return None
-    local = _number(getattr(prefill_stats, "num_local_cached_tokens", None), int)
-    external = _number(getattr(prefill_stats, "num_external_cached_tokens", None), int)
+    local = number(getattr(prefill_stats, "num_local_cached_tokens", None), int)
+    external = number(getattr(prefill_stats, "num_external_cached_tokens", None), int)
     if local is None or local < 0:
         return None
     return local, external if external is not None and external >= 0 else 0
@@ -129,7 +119,7 @@ def model_name(vllm_config: Any) -> str | None:
 def engine_id(vllm_config: Any) -> str:
     """``dp<rank>``: one scheduler per data-parallel rank drives one device group."""
     parallel = getattr(vllm_config, "parallel_config", None)
-    rank = _number(getattr(parallel, "data_parallel_rank", None), int)
+    rank = number(getattr(parallel, "data_parallel_rank", None), int)
     return f"dp{rank or 0}"
 
 
@@ -166,14 +156,14 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
         else:
             decode += n
     preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
-    total = _number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
+    total = number(getattr(scheduler_output, "total_num_scheduled_tokens", None), int)
     return BatchInfo(tuple(scheduled), prefill, decode, tuple(sorted(preempted)),
                      total if total is not None else prefill + decode, cached_tokens)
 
 
 def kv_cache_usage(value: Any) -> float | None:
     """A 0..1 fraction, or None when the engine reports nothing sensible."""
-    usage: float | None = _number(value, float)
+    usage: float | None = number(value, float)
     if usage is None:
         return None
     return min(1.0, max(0.0, usage))
@@ -183,7 +173,7 @@ def queue_counts(value: Any) -> tuple[int | None, int | None]:
     """``Scheduler.get_request_counts()`` -> (waiting, running); it returns (running, waiting)."""
     if not isinstance(value, tuple) or len(value) != 2:
         return None, None
-    return _number(value[1], int), _number(value[0], int)
+    return number(value[1], int), number(value[0], int)
 
 
 def finish_reason(value: Any) -> str | None:
@@ -252,7 +242,7 @@ def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | 
         return None
     summary: dict[str, Any] = {}
     for key, kind in _SUMMARY_FIELDS.items():
-        value = _number(data.get(key), kind)
+        value = number(data.get(key), kind)
         if value is not None and value >= 0:
             summary[key] = value
     return summary
@@ -293,25 +283,3 @@ def rendered_token_lists(result: Any) -> list[Any]:
         if isinstance(token_ids, list):
             found.append(token_ids)
     return found
-
-
-def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"0.33.0"`` / ``"0.33.1.dev4+g123"`` -> (0, 33, 1); None if unparsable."""
-    if not version:
-        return None
-    parts: list[int] = []
-    for piece in version.split("+")[0].split("."):
-        digits = ""
-        for char in piece:
-            if not char.isdigit():
-                break
-            digits += char
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts) or None
-
-
-def version_supported(version: str | None, low: tuple[int, ...], high_exclusive: tuple[int, ...]) -> bool:
-    parsed = version_tuple(version)
-    return parsed is not None and low <= parsed < high_exclusive

@@ -9,55 +9,18 @@ an llmtrace error is logged once and counted, never raised.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 
-import wrapt
-
-from llmtrace._safety import warn_once
-from llmtrace.integrations._base import Instrumentor
+from llmtrace.integrations import _targets
+from llmtrace.integrations._targets import Checked
 from llmtrace.integrations.vllm import _api, _engine
 from llmtrace.integrations.vllm import _constants as C
-from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Wrapper
 
 
-# --------------------------------------------------------------------------- target check
-@dataclass(frozen=True)
-class Checked:
-    """A target that passed the check: its parameters' positions (``self`` not counted)."""
-
-    target: C.Target
-    positions: dict[str, int]
-
-
-def check_targets(targets: tuple[C.Target, ...] = C.TARGETS) -> tuple[list[Checked], list[str]]:
-    """Import every target module and check each method and its named parameters.
-
-    Returns the checked targets and one line per problem; any problem means the
-    adapter stays off.
-    """
-    checked: list[Checked] = []
-    problems: list[str] = []
-    for target in targets:
-        where = f"{target.module}.{target.path}"
-        try:
-            importlib.import_module(target.module)
-            _parent, _attribute, original = wrapt.resolve_path(target.module, target.path)
-            parameters = list(inspect.signature(original).parameters)
-        except Exception as exc:  # noqa: BLE001 - a missing module/attribute is what we report
-            problems.append(f"{where}: not found ({type(exc).__name__}: {exc})")
-            continue
-        if parameters and parameters[0] == "self":
-            parameters = parameters[1:]
-        missing = [name for name in target.params if name not in parameters]
-        if missing:
-            problems.append(f"{where}: parameter(s) {', '.join(missing)} not in ({', '.join(parameters)})")
-            continue
-        checked.append(Checked(target, {name: parameters.index(name) for name in target.params}))
-    return checked, problems
+def check_targets(targets: tuple[_targets.Target, ...] = C.TARGETS) -> tuple[list[Checked], list[str]]:
+    """The shared all-or-nothing check (:func:`llmtrace.integrations._targets.check_targets`) of vLLM's targets."""
+    return _targets.check_targets(targets)
 
 
 # --------------------------------------------------------------------------- the instrumentor
@@ -81,48 +44,25 @@ def _wrapper_for(checked: Checked) -> Wrapper | None:
     return factory(positions) if factory is not None else None
 
 
-class VllmInstrumentor(Instrumentor):
+class VllmInstrumentor(_targets.EngineInstrumentor):
     """vLLM (v1 engine): request traces in the API server, engine windows in EngineCore."""
 
     name = "vllm"
+    label = "vLLM"
     trigger = C.TRIGGER
     distribution = C.DISTRIBUTION
     supported = C.SUPPORTED
+    targets = C.TARGETS
+    supported_min = C.SUPPORTED_MIN
+    supported_max_exclusive = C.SUPPORTED_MAX_EXCLUSIVE
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.problems: list[str] = []
-
-    def instrument(self) -> None:
-        """Check the installed vLLM first: an unsupported version or any changed target -> off."""
-        if self.active:
-            return
-        try:
-            self.problems = self.preflight()
-        except Exception as exc:  # noqa: BLE001 - a broken check must not break vLLM's import
-            self.problems = [f"target check failed: {type(exc).__name__}: {exc}"]
-        if self.problems:
-            warn_once("vllm:off", "llmtrace: vLLM adapter is OFF for vllm %s (supported %s): %s",
-                      self.installed_version(), C.SUPPORTED, "; ".join(self.problems))
-            return
-        super().instrument()
-
-    def preflight(self) -> list[str]:
-        version = self.installed_version()
-        if not X.version_supported(version, C.SUPPORTED_MIN, C.SUPPORTED_MAX_EXCLUSIVE):
-            return [f"version {version} is outside the supported range {C.SUPPORTED}"]
-        return check_targets()[1]
-
-    def _patch(self) -> None:
-        checked, problems = check_targets()
-        if problems:  # changed between preflight and now (a concurrent import): stay off
-            raise RuntimeError("; ".join(problems))
-        for item in checked:
-            if item.target.path in C.CHECK_ONLY:
-                continue
-            wrapper = _wrapper_for(item)
-            if wrapper is None or not self.patches.wrap(item.target.module, item.target.path, wrapper):
-                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")
+    def wrapper_for(self, checked: Checked) -> Wrapper | None:
+        if checked.target.path in C.CHECK_ONLY:
+            return None
+        wrapper = _wrapper_for(checked)
+        if wrapper is None:
+            raise RuntimeError(f"no wrapper for {checked.target.module}.{checked.target.path}")
+        return wrapper
 
     def _unpatch(self) -> None:
         _engine.reset()

@@ -1,42 +1,32 @@
-"""The typed msgspec decoder (sources/otlp_typed.py) against the generic dict path.
-
-The fast path must give the very same spans, warnings and errors as the generic one; every
-line it declines goes through the generic path. Both are exercised here, and the generic
-path alone (no msgspec installed) in a subprocess.
-"""
+"""Reading OTLP lines: what the decoder comparisons share (test_native_decoder.py uses
+them), and the line reader's own behaviours (the paused collector, the line splitting)."""
 
 from __future__ import annotations
 
 import base64
 import gc
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from llmtrace.analysis import analyze, build_traceset, to_json
 from llmtrace.analysis._gc import paused_gc
 from llmtrace.analysis.errors import SourceError
-from llmtrace.analysis.sources import load_spans, otlp_typed
-from llmtrace.analysis.sources.otlp import Interner
-from tests.analysis.test_sources import PID, TID, doc, otlp_span, write_lines
+from llmtrace.analysis.sources import load_spans
+from tests.analysis.test_sources import PID, TID, doc, otlp_span
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "analysis"
-pytestmark = pytest.mark.skipif(not otlp_typed.AVAILABLE, reason="msgspec not installed")
 
 
-def _both(path: str, monkeypatch: pytest.MonkeyPatch, fast: str = "typed") -> tuple[Any, Any]:
+def both(path: str, monkeypatch: pytest.MonkeyPatch, fast: str = "native") -> tuple[Any, Any]:
     """The spans read by the ``fast`` decoder (lines it declines: the generic path) and by
     the generic path alone."""
     monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", fast)
-    typed = load_spans(path)
+    fast_read = load_spans(path)
     monkeypatch.setenv("LLMTRACE_ANALYSIS_DECODER", "generic")
     generic = load_spans(path)
     monkeypatch.delenv("LLMTRACE_ANALYSIS_DECODER")
-    return typed, generic
+    return fast_read, generic
 
 
 def errors_by_decoder(path: Path, decoders: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -51,7 +41,7 @@ def errors_by_decoder(path: Path, decoders: tuple[str, ...], monkeypatch: pytest
     return errors
 
 
-def _same(a: Any, b: Any) -> None:
+def same(a: Any, b: Any) -> None:
     assert a.warnings == b.warnings
     assert repr(a.spans) == repr(b.spans)  # repr: NaN attribute values compare unequal
     for x, y in zip(a.spans, b.spans, strict=True):
@@ -59,7 +49,7 @@ def _same(a: Any, b: Any) -> None:
         assert [(k, type(v)) for k, v in x.attributes.items()] == [(k, type(v)) for k, v in y.attributes.items()]
 
 
-def _edge_lines() -> list[Any]:
+def edge_lines() -> list[Any]:
     b64 = base64.b64encode(bytes.fromhex(TID)).decode()
     kv = {"values": [{"key": "a", "value": {"intValue": 1}}]}
     return [
@@ -94,59 +84,6 @@ def _edge_lines() -> list[Any]:
         doc(otlp_span(spanId="6666666666666666", attributes=None, links=None, status=None)),
         doc(otlp_span(spanId="7777777777777777"), service="engine"),
     ]
-
-
-def test_typed_and_generic_paths_read_the_same_spans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = write_lines(tmp_path / "edge.jsonl", _edge_lines())
-    typed, generic = _both(path, monkeypatch)
-    _same(typed, generic)
-    assert len(typed.spans) == 8
-    assert any("unknown span kind" in w for w in typed.warnings)
-
-
-def test_typed_path_takes_plain_otlp_lines_and_declines_the_rest() -> None:
-    intern = Interner()
-    lines = [json.dumps(d).encode() for d in _edge_lines()]
-    taken = [otlp_typed.spans_from_line(line, intern) is not None for line in lines]
-    assert taken == [True, True, False, False, True, False, True, True, True, True]
-    assert otlp_typed.spans_from_line(b"{not json", intern) is None
-    assert otlp_typed.spans_from_line(json.dumps(doc(otlp_span(endTimeUnixNano="1"))).encode(), intern) is None
-
-
-@pytest.mark.parametrize("name", ["sim_small.jsonl.gz", "reference_server.jsonl.gz"])
-def test_fixtures_read_the_same_both_ways(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    typed, generic = _both(str(FIXTURES / name), monkeypatch)
-    _same(typed, generic)
-    a = to_json(analyze(build_traceset(typed.spans, warnings=typed.warnings)), include_views=True)
-    b = to_json(analyze(build_traceset(generic.spans, warnings=generic.warnings)), include_views=True)
-    assert a == b
-
-
-@pytest.mark.parametrize(
-    ("line", "message"),
-    [
-        ('{"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "b7ad6b7169203331"}]}]}]}', "missing field"),
-        ('{"resourceSpans": [{"scopeSpans": [{"spans": [', "malformed JSON"),
-    ],
-)
-def test_errors_are_the_generic_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str, message: str) -> None:
-    path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps(doc(otlp_span())) + "\n" + line + "\n")
-    errors = errors_by_decoder(path, ("typed", "generic"), monkeypatch)
-    assert errors[0] == errors[1]
-    assert message in errors[0] and "line 2" in errors[0]
-
-
-def test_without_msgspec_the_generic_path_reads_everything(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "t.jsonl", [doc(otlp_span(spanId=f"{i:016x}")) for i in range(1, 4)])
-    code = (
-        "import sys; sys.modules['msgspec'] = None\n"
-        "from llmtrace.analysis.sources import load_spans, otlp_typed\n"
-        "assert not otlp_typed.AVAILABLE\n"
-        f"print(len(load_spans({path!r}).spans))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "3"
 
 
 def test_paused_gc_restores_the_collector_and_leaves_frozen_objects_alone() -> None:
