@@ -22,7 +22,6 @@ On purpose, the direct path differs from the live one in two ways:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from random import getrandbits
 from typing import Any, Protocol, cast
 
 from opentelemetry import trace
@@ -34,6 +33,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from llmtrace import _runtime
+from llmtrace._otel.ids import PrivateRandomIdGenerator, getrandbits
 
 _tuple_new = tuple.__new__
 
@@ -111,7 +111,9 @@ class SdkFinishedSpans:
         self._scope = scope if isinstance(scope, InstrumentationScope) else InstrumentationScope("llmtrace")
         limits = getattr(tracer, "_span_limits", None)
         self._max_links = getattr(limits, "max_links", None) or 128
-        self._fast_ids = type(self._ids) is RandomIdGenerator  # exactly the SDK's: getrandbits is what it does
+        # The SDK's generator or llmtrace's: getrandbits is what they do (ids from llmtrace's own
+        # generator either way: a host that seeds `random` does not repeat them, _otel/ids.py).
+        self._fast_ids = type(self._ids) in (RandomIdGenerator, PrivateRandomIdGenerator)
         self._root_bound: int | None = getattr(self._sampler, "root_bound", None)  # llmtrace's own sampler
         self._root_flags = {True: TraceFlags(TraceFlags.SAMPLED | self._random_ids),
                             False: TraceFlags(self._random_ids)}
