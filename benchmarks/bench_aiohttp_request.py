@@ -14,6 +14,9 @@ with ``data_received``, the response taken as complete at its last chunk. No acc
 Arms, each in a fresh process (instrumentation is process-wide), interleaved ABCD DCBA:
 
 * ``untraced``: the bare app;
+* ``middleware``: the bare app with one pass-through middleware of its own — what aiohttp itself
+  charges an app for having any middleware (its chain is built and its ``current_app`` middleware
+  added only then), the floor under any tracer that is a middleware;
 * ``otel``: what a user gets from OpenTelemetry alone — ``AioHttpServerInstrumentor`` with an
   SDK tracer provider (parent-based, 10 % of traces) and an SDK meter provider with a reader
   (global: the instrumentor takes its meters from the global provider); no span exporter;
@@ -45,7 +48,7 @@ import tempfile
 import time
 from typing import Any, ClassVar
 
-ARMS = ("untraced", "otel", "production", "full")
+ARMS = ("untraced", "middleware", "otel", "production", "full")
 WARMUP = 200  # requests before the count: middleware chain built, caches filled
 
 _REQUEST = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nContent-Type: application/json\r\n"
@@ -78,7 +81,7 @@ def _instrument(arm: str, out: str) -> None:
             AioHttpServerInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
 
 
-def _app(chunks: int) -> Any:
+def _app(chunks: int, arm: str = "untraced") -> Any:
     import warnings
 
     from aiohttp import web
@@ -95,9 +98,16 @@ def _app(chunks: int) -> Any:
 
     with warnings.catch_warnings():  # web.Application is OTel's subclass in the otel arm
         warnings.simplefilter("ignore", DeprecationWarning)
-        app = web.Application()
+        app = web.Application(middlewares=[_pass_through] if arm == "middleware" else [])
     app.router.add_post("/v1/completions", completions)
     return app
+
+
+async def _pass_through(request: Any, handler: Any) -> Any:
+    return await handler(request)
+
+
+_pass_through.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker
 
 
 class _Transport(asyncio.Transport):
@@ -135,7 +145,7 @@ class _Transport(asyncio.Transport):
 async def _serve(arm: str, requests: int, chunks: int, profile: Any = None) -> tuple[float, float]:
     from aiohttp import web
 
-    runner = web.AppRunner(_app(chunks), access_log=None)
+    runner = web.AppRunner(_app(chunks, arm), access_log=None)
     await runner.setup()
     assert runner.server is not None
     protocol = runner.server()

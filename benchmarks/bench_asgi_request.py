@@ -21,6 +21,7 @@ whole process's CPU (with the span builder and exporters). Medians over the roun
 
     python benchmarks/bench_asgi_request.py [--requests 3000] [--rounds 3] [--chunks 33] [--json]
     python benchmarks/bench_asgi_request.py --instructions     # callgrind: stable, ~15 minutes
+    python benchmarks/bench_asgi_request.py --instructions --arms production --jobs 4
 
 CPU time on a shared VM moves by 2x between runs of the same arm (the host's speed changes),
 so read the CPU-time table as ratios within a round; ``--instructions`` counts instead.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import statistics
@@ -123,7 +125,7 @@ def child(arm: str, requests: int, chunks: int, exit_at_once: bool = False) -> N
             os._exit(0)
 
 
-def count_instructions(chunks: int) -> dict[str, dict[str, float]]:
+def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1) -> dict[str, dict[str, float]]:
     """Instructions per request, per arm: ``callgrind`` totals of runs of 600 and 200 requests,
     differenced (start-up and warm-up cancel out) and divided by 400 — stable where CPU time is
     not on a shared VM. The serving thread alone, and all threads (builder, exporters).
@@ -144,9 +146,12 @@ def count_instructions(chunks: int) -> dict[str, dict[str, float]]:
                                               "--chunks", str(chunks), "--exit-at-once"])
         return per_thread[1], sum(per_thread.values())  # 1: the main (serving) thread
 
+    # Each count is of its own process, so runs may overlap (--jobs) without changing the counts.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = {(arm, requests): pool.submit(totals, arm, requests) for arm in arms for requests in (600, 200)}
     result: dict[str, dict[str, float]] = {}
-    for arm in ARMS:
-        (thread_hi, all_hi), (thread_lo, all_lo) = totals(arm, 600), totals(arm, 200)
+    for arm in arms:
+        (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, 600].result(), runs[arm, 200].result()
         result[arm] = {"thread_instructions": (thread_hi - thread_lo) / 400,
                        "all_instructions": (all_hi - all_lo) / 400}
         print(f"{arm:<11} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
@@ -162,6 +167,11 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request under valgrind instead (stable on a noisy host; slow)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms to count with --instructions (untraced always; "
+                             f"known: {', '.join(ARMS)})")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="with --instructions: valgrind runs at a time (the counts do not depend on it)")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--exit-at-once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -169,9 +179,14 @@ def main() -> int:
         child(args.child, args.requests, args.chunks, args.exit_at_once)
         return 0
     if args.instructions:
-        counted = count_instructions(args.chunks)
+        chosen = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+        unknown = [arm for arm in chosen if arm not in ARMS]
+        if unknown:
+            parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
+        arms = tuple(arm for arm in ARMS if arm == "untraced" or arm in chosen)
+        counted = count_instructions(args.chunks, arms, args.jobs)
         base = counted["untraced"]
-        for arm in ARMS[1:]:
+        for arm in arms[1:]:
             counted[arm]["added_thread"] = counted[arm]["thread_instructions"] - base["thread_instructions"]
             counted[arm]["added_all"] = counted[arm]["all_instructions"] - base["all_instructions"]
         print(json.dumps(counted, indent=2))

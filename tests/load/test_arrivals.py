@@ -81,3 +81,13 @@ def test_prompts_are_sized_by_the_calibration_and_share_only_their_blocks() -> N
     assert a.split()[:block_words] == b.split()[:block_words]
     assert a.split()[block_words] != b.split()[block_words]
     assert Calibration() == fit_calibration([(16, 5), (64, 5)])  # a server that ignores the prompt
+
+
+def test_a_smaller_prefix_block_shares_fewer_words() -> None:
+    """--prefix-block-tokens 32 at 2 tokens a word: 16 shared words, then the request's own."""
+    maker = PromptMaker(Calibration(2.0, 0.0, True), block_tokens=32)
+    a, b = maker.prompt(1, 100, (3,)), maker.prompt(2, 100, (3,))
+    assert a.split()[:16] == b.split()[:16]
+    assert a.split()[16] != b.split()[16]
+    with pytest.raises(ValueError, match="must be positive"):
+        PromptMaker(Calibration(), block_tokens=0)

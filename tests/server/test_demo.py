@@ -85,3 +85,16 @@ def test_a_demo_run_writes_to_the_llmtrace_exporter_file_and_analyses_this_run(t
     assert "skipped" not in out.stdout + out.stderr
     assert {"api-server", "engine"} <= _roles(run)
     assert not (tmp_path / "llmtrace-demo-traces.jsonl").exists()
+    # Requests opening with the same system prompt: the engine's prefix cache served some.
+    assert summary["prefix_cache"]["tokens"]["cached"] > 0
+
+
+def test_most_demo_requests_open_with_one_of_a_few_system_prompts() -> None:
+    """The demo's plan gives about SYSTEM_PROMPT_SHARE of its requests one shared prefix block,
+    drawn from SYSTEM_PROMPTS of them, and leaves the rest without (the misses)."""
+    from llmtrace.server.demo import SYSTEM_PROMPT_SHARE, SYSTEM_PROMPTS, plan_demo
+
+    _, planned = plan_demo(60.0, None)
+    shared = [p.prefix_blocks for p in planned if p.prefix_blocks]
+    assert {(b,) for b in range(SYSTEM_PROMPTS)} == set(shared)
+    assert abs(len(shared) / len(planned) - SYSTEM_PROMPT_SHARE) < 0.1

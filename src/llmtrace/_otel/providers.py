@@ -47,6 +47,7 @@ from llmtrace._otel.export import (
     open_sink,
 )
 from llmtrace._otel.histogram import HistogramRegistry, MergingMetricExporter, prefers_cumulative
+from llmtrace._otel.ids import PrivateRandomIdGenerator
 from llmtrace._otel.spill_export import Spiller, log_summary, with_spill
 from llmtrace._version import __version__
 from llmtrace.config import Settings
@@ -285,7 +286,8 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
             processors.append(processor)
     if host_tp is None:
         sampler = LLMTraceSampler(settings.sample_ratio)
-        tracer_provider: Any = TracerProvider(resource=resource_for(settings), sampler=sampler)
+        tracer_provider: Any = TracerProvider(resource=resource_for(settings), sampler=sampler,
+                                              id_generator=PrivateRandomIdGenerator())
         trace.set_tracer_provider(tracer_provider)
     else:
         tracer_provider = host_tp

@@ -112,6 +112,9 @@ def add_load_parser(sub: Any, number: Callable[..., Callable[[str], Any]]) -> ar
     when.add_argument("--replay", metavar="FILE", help="arrival times and lengths from a trace file")
     when.add_argument("--replay-format", choices=("auto", "llmtrace", "mooncake", "azure"), default="auto")
     when.add_argument("--speed", type=positive, default=1.0, help="replay time scale: 2 is twice as fast")
+    when.add_argument("--prefix-block-tokens", type=count, default=512, metavar="N",
+                      help="tokens per shared prompt block of a replayed trace's hash_ids (default 512, "
+                           "Mooncake's; set it to the block size the trace was recorded with)")
     when.add_argument("--seed", type=whole, default=0, help="random seed of schedule and prompts (default 0)")
     how = p.add_argument_group("how")
     how.add_argument("--timeout", type=positive, default=300.0, metavar="S", help="per request (default 300)")
@@ -142,7 +145,7 @@ def _spec(args: argparse.Namespace, url: str) -> LoadSpec:
     common: dict[str, Any] = {"target": target, "chaos_share": args.chaos, "chaos_kinds": kinds,
                               "max_connections": args.max_connections, "processes": args.processes,
                               "seed": args.seed, "calibrate": not args.no_calibrate, "traces": not args.no_traces,
-                              "traces_file": args.traces}
+                              "traces_file": args.traces, "prefix_block_tokens": args.prefix_block_tokens}
     rng = random.Random(args.seed)
     if args.replay:
         from llmtrace.load.replay import load_replay

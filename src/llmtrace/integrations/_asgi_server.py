@@ -43,6 +43,7 @@ from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
 from llmtrace.lifecycle.phases import server_timing
+from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
@@ -77,18 +78,23 @@ class ServerSpanMiddleware:
             record_error("asgi.server_span", exc)
             await self.app(scope, receive, send)
             return
+        # The call's context and server scope are made current with the context variables' own
+        # set/reset (no Python frame per call; Exchange.enter/exit do the same for other servers).
         token = _server_span.attach(call.context)
-        call.exchange.enter(findable=False)
+        scope_token = enter_scope(call.exchange.scope)
         try:
             await self.app(scope, call.receive, call.send)
         except BaseException as exc:
             call.failed(exc)
             raise
         finally:
-            call.exchange.exit()
             try:  # noqa: SIM105 - contextlib.suppress would add two calls to every HTTP call
-                _server_span.detach(token)
+                exit_scope(scope_token)
             except ValueError:  # finalised in another context (a cancelled task): nothing to restore there
+                pass
+            try:  # noqa: SIM105 - as above
+                _server_span.detach(token)
+            except ValueError:
                 pass
             try:
                 call.close()

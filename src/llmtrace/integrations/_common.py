@@ -111,7 +111,7 @@ def record_tokenize(start_ns: int, end_ns: int, tokens: int, batch: int, tokeniz
         return
     scope = current_scope()
     if scope is not None and not scope.closed and error is None:
-        scope.pending.append(PendingTokenize(start_ns, end_ns, tokens, batch, tokenizer_class, text))
+        scope.park(PendingTokenize(start_ns, end_ns, tokens, batch, tokenizer_class, text))
         return
     if _current_span_recording() or (handle is not None and error is not None):
         parent = handle.context() if handle is not None else None

@@ -22,7 +22,6 @@ On purpose, the direct path differs from the live one in two ways:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from random import getrandbits
 from typing import Any, Protocol, cast
 
 from opentelemetry import trace
@@ -34,7 +33,29 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from llmtrace import _runtime
+from llmtrace._otel.ids import PrivateRandomIdGenerator, getrandbits
 
+_tuple_new = tuple.__new__
+
+
+def _direct_span_context_works() -> bool:
+    """Whether a ``SpanContext`` can be made as the tuple its ``__new__`` builds — ``(trace_id,
+    span_id, is_remote, trace_flags, trace_state, is_valid)`` — skipping that Python frame (about
+    a tenth of what an unsampled SERVER span costs on the request path). Checked against the
+    installed API once; any other layout keeps the constructor."""
+    flags, state = TraceFlags(1), trace.DEFAULT_TRACE_STATE
+    try:
+        direct = _tuple_new(SpanContext, (3, 5, False, flags, state, True))
+        made = SpanContext(3, 5, False, flags, state)
+        return (direct == made and direct.trace_id == 3 and direct.span_id == 5 and direct.is_remote is False
+                and direct.trace_flags is flags and direct.trace_state is state and direct.is_valid)
+    except Exception:  # noqa: BLE001 - an API whose SpanContext is no longer that tuple
+        return False
+
+
+#: ``SpanContext`` made directly for ids known valid (see :func:`_direct_span_context_works`).
+_DIRECT_SPAN_CONTEXT = _direct_span_context_works()
+_DEFAULT_TRACE_STATE = trace.DEFAULT_TRACE_STATE
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the flag is newer than the oldest SDK we support
 _INTERNAL = SpanKind.INTERNAL
 _UNSET = Status(StatusCode.UNSET)
@@ -90,7 +111,9 @@ class SdkFinishedSpans:
         self._scope = scope if isinstance(scope, InstrumentationScope) else InstrumentationScope("llmtrace")
         limits = getattr(tracer, "_span_limits", None)
         self._max_links = getattr(limits, "max_links", None) or 128
-        self._fast_ids = type(self._ids) is RandomIdGenerator  # exactly the SDK's: getrandbits is what it does
+        # The SDK's generator or llmtrace's: getrandbits is what they do (ids from llmtrace's own
+        # generator either way: a host that seeds `random` does not repeat them, _otel/ids.py).
+        self._fast_ids = type(self._ids) in (RandomIdGenerator, PrivateRandomIdGenerator)
         self._root_bound: int | None = getattr(self._sampler, "root_bound", None)  # llmtrace's own sampler
         self._root_flags = {True: TraceFlags(TraceFlags.SAMPLED | self._random_ids),
                             False: TraceFlags(self._random_ids)}
@@ -122,13 +145,16 @@ class SdkFinishedSpans:
 
     # ------------------------------------------------------------ a span whose ids came first
     def new_context(self, parent: SpanContext | None, name: str, kind: SpanKind) -> tuple[SpanContext, bool]:
-        """The identity of a span starting now under *parent* (None: a new trace) and whether it is
+        """The identity of a span starting now under *parent* (a valid context; None: a new trace) and whether it is
         sampled: fresh ids and the parent-based decision, as the SDK's ``start_span`` would take
         them. Asked on a request path, so the SDK's random ids and llmtrace's sampler are read directly."""
         fast = self._fast_ids
         span_id = (getrandbits(64) if fast else 0) or self._ids.generate_span_id()
         if parent is not None:
             flags = parent.trace_flags
+            if fast and _DIRECT_SPAN_CONTEXT:  # ids in range: getrandbits's, and a valid parent's
+                return (_tuple_new(SpanContext, (parent.trace_id, span_id, False, flags, parent.trace_state, True)),
+                        flags.sampled)
             return SpanContext(parent.trace_id, span_id, False, flags, parent.trace_state), flags.sampled
         trace_id = (getrandbits(128) if fast else 0) or self._ids.generate_trace_id()
         bound = self._root_bound
@@ -137,6 +163,9 @@ class SdkFinishedSpans:
         else:
             decision = self._sampler.should_sample(None, trace_id, name, kind)
             sampled = decision.decision is Decision.RECORD_AND_SAMPLE
+        if fast and _DIRECT_SPAN_CONTEXT:
+            return (_tuple_new(SpanContext, (trace_id, span_id, False, self._root_flags[sampled],
+                                             _DEFAULT_TRACE_STATE, True)), sampled)
         return SpanContext(trace_id, span_id, False, self._root_flags[sampled], None), sampled
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start_ns: int,

@@ -211,8 +211,10 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
     span: Span | None = rec.span
     if span is None or not rec.owns_span:
         return
-    span.set_attributes(request_attributes(rec, phases, settings))
-    span.set_attributes(_gpu_attributes(rec))
+    # One set_attributes call: each takes the span's lock and walks the SDK's value checks.
+    attrs = request_attributes(rec, phases, settings)
+    attrs.update(_gpu_attributes(rec))
+    span.set_attributes(attrs)
     if rec.finish_reason == semconv.FINISH_ERROR or rec.error is not None:
         error = rec.error
         span.set_status(Status(StatusCode.ERROR, type(error).__name__ if error else "error"))

@@ -13,7 +13,10 @@ the integrations that hand work to them) can find it:
   ``llm.request``); whatever no request adopts becomes an ``llm.tokenize`` span
   under the SERVER span when the scope closes.
 
-The hot path touches the scope with a contextvar read and a list append.
+The hot path touches the scope with a contextvar read and a list append. Most calls
+open no request and park no encode (a health check, a model list, or a server whose engine
+opens its requests elsewhere), so a scope's containers are made when first needed: the
+shared empty ones it starts with are never mutated.
 """
 
 from __future__ import annotations
@@ -59,6 +62,12 @@ class DeferredFinish:
     completion: str | None
 
 
+#: The containers every scope starts with, shared and never mutated (see the module docstring).
+_NO_HANDLES: tuple[()] = ()
+_NO_PENDING: tuple[()] = ()
+_NO_DEFERRED: dict[int, DeferredFinish] = {}  # a read-only sentinel: only defer_finish() replaces it
+
+
 class ServerScope:
     """One incoming call, from the network handler's point of view."""
 
@@ -72,9 +81,9 @@ class ServerScope:
         #: (one span tree, one offset: see lifecycle/clock.py).
         self.wall_offset_ns = offset_ns() if wall_offset_ns is None else wall_offset_ns
         self.context = otel_context.get_current() if context is None else context
-        self.handles: list[RequestHandle] = []
-        self.pending: list[PendingTokenize] = []
-        self.deferred: dict[int, DeferredFinish] = {}
+        self.handles: list[RequestHandle] | tuple[()] = _NO_HANDLES
+        self.pending: list[PendingTokenize] | tuple[()] = _NO_PENDING
+        self.deferred: dict[int, DeferredFinish] = _NO_DEFERRED
         self.first_byte_ns: int | None = None
         self.closed = False
         self.closed_ns: int | None = None
@@ -83,7 +92,17 @@ class ServerScope:
 
     # ------------------------------------------------------------------ requests
     def register(self, handle: RequestHandle) -> None:
-        self.handles.append(handle)
+        if self.handles:
+            self.handles.append(handle)  # non-empty: the scope's own list (an empty tuple is falsy)
+        else:
+            self.handles = [handle]
+
+    def park(self, encode: PendingTokenize) -> None:
+        """Keep a prompt encode that happened before its request existed (see :meth:`adopt_pending`)."""
+        if self.pending:
+            self.pending.append(encode)  # non-empty: the scope's own list (an empty tuple is falsy)
+        else:
+            self.pending = [encode]
 
     def recording(self) -> bool:
         """Whether anything of this call is sampled: its span (the SERVER span) or a request
@@ -103,12 +122,14 @@ class ServerScope:
         """Keep *handle* open until the response is complete; False if the scope already closed."""
         if self.closed:
             return False
+        if self.deferred is _NO_DEFERRED:
+            self.deferred = {}
         self.deferred[id(handle)] = finish
         return True
 
     def take_pending(self) -> list[PendingTokenize]:
-        pending, self.pending = self.pending, []
-        return pending
+        pending, self.pending = self.pending, _NO_PENDING
+        return list(pending)
 
     def adopt_pending(self, handle: RequestHandle) -> None:
         """Hand the prompt encodes parked so far to *handle*, the request they were for."""

@@ -68,11 +68,13 @@ def words(count: int, rng: random.Random) -> str:
 class PromptMaker:
     """Prompts for planned requests under one calibration; block texts are cached."""
 
-    def __init__(self, calibration: Calibration, seed: int = 0) -> None:
+    def __init__(self, calibration: Calibration, seed: int = 0, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"prefix block tokens must be positive, not {block_tokens}")
         self.calibration = calibration
         self._seed = seed
         self._blocks: dict[int, str] = {}
-        self._block_words = max(1, round(MOONCAKE_BLOCK_TOKENS / calibration.tokens_per_word))
+        self._block_words = max(1, round(block_tokens / calibration.tokens_per_word))
 
     def _block(self, block_id: int) -> str:
         text = self._blocks.get(block_id)

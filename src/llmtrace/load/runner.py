@@ -29,6 +29,7 @@ from llmtrace.load.client import Client, ProtocolError, Target, probe, probe_str
 from llmtrace.load.live import REDRAW_S, LiveLine, Tally
 from llmtrace.load.model import Chaos, PlannedRequest, RequestResult, RunResult, SelfCheck, Step
 from llmtrace.load.prompts import PROBE_WORDS, Calibration, PromptMaker, fit_calibration, words
+from llmtrace.load.replay import MOONCAKE_BLOCK_TOKENS
 from llmtrace.load.telemetry import ClientSpans
 
 #: Seconds between the preflight and the first send (worker processes start inside it).
@@ -63,6 +64,8 @@ class LoadSpec:
     #: The trace file (None: llmtrace's configured exporters; see telemetry.start_export).
     traces_file: str | None = None
     run_id: str = ""
+    #: Tokens per shared prefix block (``PlannedRequest.prefix_blocks``): Mooncake's 512 by default.
+    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
     @property
     def closed_loop(self) -> bool:
@@ -193,7 +196,7 @@ async def drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int]
     tally = Tally()
     interrupted: str | None = None
     inflight: set[asyncio.Task[RequestResult]] = set()
-    prompts = PromptMaker(calibration, seed=spec.seed)
+    prompts = PromptMaker(calibration, seed=spec.seed, block_tokens=spec.prefix_block_tokens)
     loop = asyncio.get_running_loop()
     ticker = asyncio.create_task(_tick(progress, tally)) if progress is not None else None
     async with Client(spec.target, prompts, ClientSpans(spec.traces), max_connections=spec.max_connections,

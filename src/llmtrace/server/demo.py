@@ -6,7 +6,8 @@
    end here, engine in its own process, which exports to the same places);
 2. runs ``llmtrace load`` against it in this process: QPS steps from well below to past what
    the 2-core engine serves (so the report shows a capacity, a knee and the bottleneck
-   moving), long-tail prompt lengths, a few chaos clients; every request a CLIENT span above
+   moving), long-tail prompt lengths, most prompts opening with one of a few shared system
+   prompts (prefix-cache hits), a few chaos clients; every request a CLIENT span above
    the server's SERVER span, into the same file;
 3. prints the load report, stops the server (the engine flushes its spans), then runs
    ``llmtrace analyze`` on the file this run wrote — client and server joined — or says
@@ -21,7 +22,7 @@ import random
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from llmtrace.config import resolve
@@ -40,9 +41,13 @@ MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS = 300, 64
 #: The demo's objectives: what the load report's goodput and capacity are measured against.
 DEMO_SLO = "ttft=500ms,tpot=100ms"
 DEFAULT_OUTPUT = "llmtrace-demo-traces.jsonl"
+#: Shared system prompts: most requests open with one of a few (one prefix block each), as
+#: an application's requests do, so the engine's prefix cache has hits to show and misses.
+SYSTEM_PROMPTS, SYSTEM_PROMPT_SHARE, SYSTEM_PROMPT_TOKENS = 3, 0.75, 32
 #: KV budget of the demo engine: 48 blocks of 16 tokens is less than 16 running requests
-#: need at their longest, so the top steps force preemption.
-DEMO_ENGINE = {"total_blocks": 48, "block_size": 16, "max_batch": 16}
+#: need at their longest, so the top steps force preemption. The modeled prefill cost per
+#: computed prompt token (the reference engine recomputes every step) is what a hit saves.
+DEMO_ENGINE = {"total_blocks": 48, "block_size": 16, "max_batch": 16, "prefill_token_delay_s": 0.0002}
 
 
 def plan_demo(duration_s: float, max_requests: int | None, seed: int = 0) -> Any:
@@ -51,8 +56,10 @@ def plan_demo(duration_s: float, max_requests: int | None, seed: int = 0) -> Any
 
     steps = make_steps(list(DEMO_QPS), duration_s / len(DEMO_QPS), closed_loop=False)
     lengths = Lengths(INPUT_TOKENS, OUTPUT_TOKENS, "long-tail", MAX_INPUT_TOKENS, MAX_OUTPUT_TOKENS)
-    planned = plan_open_loop(steps, lengths, rng=random.Random(seed), chaos_share=CHAOS_SHARE,
-                             chaos_kinds=CHAOS_KINDS)
+    rng = random.Random(seed)
+    planned = plan_open_loop(steps, lengths, rng=rng, chaos_share=CHAOS_SHARE, chaos_kinds=CHAOS_KINDS)
+    planned = [replace(p, prefix_blocks=(rng.randrange(SYSTEM_PROMPTS),)) if rng.random() < SYSTEM_PROMPT_SHARE
+               else p for p in planned]
     return steps, planned[:max_requests] if max_requests else planned
 
 
@@ -79,7 +86,8 @@ def run_load_against(base_url: str, duration_s: float, max_requests: int | None,
 
     steps, planned = plan_demo(duration_s, max_requests)
     spec = LoadSpec(target=Target(base_url, model=MODEL_NAME, timeout_s=120.0), profile="steps", steps=steps,
-                    planned=tuple(planned), max_connections=concurrency, traces_file=traces_file)
+                    planned=tuple(planned), max_connections=concurrency, traces_file=traces_file,
+                    prefix_block_tokens=SYSTEM_PROMPT_TOKENS)
     run = run_load(spec, calibration=_calibration(), own_process=True)
     return dict(json_safe(summarize(run, parse_slo(DEMO_SLO))))
 
@@ -139,7 +147,7 @@ def run_demo(args: argparse.Namespace) -> int:
     llmtrace.instrument(exporter=export.exporter, service_name="llmtrace-demo", metrics_interval_s=5.0)
     levels = ", ".join(f"{q:g}" for q in DEMO_QPS)
     print(f"llmtrace demo: llmtrace load with QPS steps {levels} over ~{args.duration_s:.0f}s (long-tail prompts, "
-          f"a few chaos clients); traces -> {export.describe()}", file=sys.stderr)
+          f"shared system prompts, a few chaos clients); traces -> {export.describe()}", file=sys.stderr)
     print("starting the reference server (API front end + engine process)...", file=sys.stderr)
     server = ServerThread(create_app(DEMO_ENGINE))
     base_url = server.start()

@@ -22,9 +22,9 @@ Attributes
     ``{method} {route}``, or the method alone. Status ERROR on a 5xx response and on an exception
     from the handler (a raised ``web.HTTPException`` is a response: an error only when 5xx).
     ``llm.http.time_to_first_byte_s`` when the handler streams (its first
-    ``StreamResponse.write``). A client that goes away (a write fails with a connection reset,
-    or the handler is cancelled) ends the call's open requests with
-    ``llm.request.finish_reason=abort``.
+    ``StreamResponse.write``). A client that goes away (aiohttp loses the connection of a call
+    it is serving, or the handler fails with a connection reset or is cancelled) ends the call's
+    open requests with ``llm.request.finish_reason=abort``.
 
 Metrics and headers
     ``http.server.request.duration`` and ``http.server.active_requests`` for every call, sampled
@@ -40,8 +40,9 @@ Supported versions
 
 Architecture
     ``middleware.py`` holds the two middlewares (the SERVER span, the scope alone) and the hooks
-    on ``StreamResponse.prepare`` (trace headers on a response the handler sends itself) and
-    ``StreamResponse.write`` (first byte, disconnects); ``patch.py`` puts them in place;
+    on ``StreamResponse.prepare`` (trace headers on a response the handler sends itself; its
+    first write timed) and ``BaseRequest._cancel`` (a lost connection); nothing runs per
+    streamed chunk. ``patch.py`` puts them in place;
     ``extractors.py`` turns a request into attributes. The span itself is
     ``integrations/_server_span.py``, shared with the ASGI integrations.
 """

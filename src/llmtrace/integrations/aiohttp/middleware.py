@@ -16,9 +16,15 @@ is prepared: a response the handler returned is still unsent here; one the handl
 (a ``StreamResponse``) gets them in :func:`traced_prepare`, which replaces
 ``StreamResponse.prepare`` and looks at one context variable, set only for traced calls.
 
-The hooks on ``StreamResponse`` are plain functions put in the class, not wrapt proxies: a proxy
-is bound anew at every attribute access, and ``response.write`` is looked up per streamed chunk
-(about 6k instructions per chunk here, callgrind, ``benchmarks/bench_aiohttp_request.py``).
+Nothing of llmtrace runs per streamed chunk. The first byte is the response's first ``write``:
+:func:`traced_prepare` (once per response) gives the response an instance attribute ``write``
+that notes the time, removes itself and calls the class's ``write``. A client that leaves is
+seen where aiohttp sees it: the connection's ``connection_lost`` cancels the request it is
+serving (``BaseRequest._cancel``, hooked by :func:`traced_cancel`), which finds the call in
+:data:`_in_flight` and ends its open requests as ``abort`` — before the handler's next write
+fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost ~10k instructions
+per 33-chunk request; callgrind, ``benchmarks/bench_aiohttp_request.py``.) The hooks are plain
+functions put in the class, not wrapt proxies, which are bound anew at every attribute access.
 
 :func:`scope_middleware` is the server scope alone, for calls inside a SERVER span that
 OpenTelemetry's middleware made (the host's, or ``server_spans="otel"``).
@@ -45,6 +51,7 @@ from llmtrace.integrations.aiohttp import extractors
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
 from llmtrace.lifecycle.phases import server_timing
+from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
 INTEGRATION = "aiohttp"
 _UNSET = Status(StatusCode.UNSET)
@@ -53,9 +60,13 @@ _TIMEOUT_STATUS, _ERROR_STATUS = 504, 500
 
 #: The excluded-URL pattern of the running ``instrument()`` (set by the integration's ``_patch``).
 _excluded: re.Pattern[str] | None = None
-#: ``_server.current_exchange`` without its Python frame: the context variable's own ``get``,
-#: which the write hook calls for every streamed chunk.
+#: ``_server.current_exchange`` without its Python frame: the context variable's own ``get``
+#: (and ``set``/``reset``, once per call).
 _find_exchange = _server._current_exchange.get
+_set_exchange, _reset_exchange = _server._current_exchange.set, _server._current_exchange.reset
+#: The calls being served, by ``id()`` of their request (alive while it is in here): how the
+#: connection-lost hook, which runs outside the call's context, finds the call.
+_in_flight: dict[int, Exchange] = {}
 #: The traced call whose response still lacks its trace headers (set only for such calls).
 _stamping: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("llmtrace_aiohttp_stamping",
                                                                          default=None)
@@ -73,7 +84,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     excluded = _excluded
     if excluded is not None and extractors.is_excluded(excluded, request):
         return await handler(request)
-    current = otel_context.get_current()
+    current = _server_span.current_context()
     if current and server_span_in(current):  # (an empty context, the usual case, holds no span)
         return await scope_middleware(request, handler)
     try:
@@ -81,8 +92,13 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     except Exception as exc:  # noqa: BLE001 - llmtrace failed to open it: count it, serve untraced
         record_error("aiohttp.server_span", exc)
         return await handler(request)
-    token = otel_context.attach(call.context)
-    call.exchange.enter()  # findable: the response write and prepare hooks look the call up
+    # The call's context, server scope and exchange (findable: the response's prepare hook looks
+    # it up) are made current with the context variables' own set/reset: no Python frame per call.
+    exchange = call.exchange
+    token = _server_span.attach(call.context)
+    scope_token = enter_scope(exchange.scope)
+    exchange_token = _set_exchange(exchange)
+    _in_flight[id(request)] = exchange
     stamping = _stamping.set(call) if call.stamps else None
     try:
         response = await handler(request)
@@ -97,8 +113,13 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     finally:
         if stamping is not None:
             _stamping.reset(stamping)
-        call.exchange.exit()
-        otel_context.detach(token)
+        del _in_flight[id(request)]
+        try:  # (three resets: contextlib.suppress would add two calls to every HTTP call)
+            _reset_exchange(exchange_token)
+            exit_scope(scope_token)
+            _server_span.detach(token)
+        except ValueError:  # finalised in another context (a cancelled task): nothing to restore there
+            pass
         try:
             call.close()
         except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host
@@ -113,7 +134,11 @@ async def scope_middleware(request: Any, handler: Any) -> Any:
     if INTEGRATION not in ENABLED or _find_exchange() is not None:
         return await handler(request)
     exchange = _server.Exchange()
-    return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
+    _in_flight[id(request)] = exchange
+    try:
+        return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
+    finally:
+        del _in_flight[id(request)]
 
 
 scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aiohttp's new-style marker
@@ -121,36 +146,48 @@ scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aio
 
 def traced_prepare(prepare: Any) -> Any:
     """``StreamResponse.prepare`` (*prepare*): a traced call's response gets its headers before
-    they are sent. (Called twice for a response the handler prepared itself: aiohttp prepares
-    every response the handler returns.)"""
+    they are sent, and the response's first write will note the first byte. (Called twice for a
+    response the handler prepared itself: aiohttp prepares every response the handler returns.)"""
 
     async def prepare_traced(self: Any, request: Any) -> Any:
         call = _stamping.get()
         if call is not None and not call.stamped:
             call.stamp(self, timing=False)
+        exchange = _find_exchange()
+        if exchange is not None and exchange.scope.first_byte_ns is None:
+            _time_first_write(self, exchange)
         return await prepare(self, request)
 
     prepare_traced.__wrapped__ = prepare  # type: ignore[attr-defined]
     return prepare_traced
 
 
-def traced_write(write: Any) -> Any:
-    """``StreamResponse.write`` (*write*) with the first one timed as the first byte and a failed
-    one checked for the client leaving."""
+@guarded("aiohttp.first_write")
+def _time_first_write(response: Any, exchange: Exchange) -> None:
+    """Make *response*'s next ``write`` note the first byte, once: an instance attribute in front of
+    the class's method, removed by its first call (later chunks find the class's, untouched)."""
 
-    async def write_traced(self: Any, data: Any) -> Any:
-        exchange = _find_exchange()
-        if exchange is not None and exchange.scope.first_byte_ns is None:
-            exchange.first_byte(True)
-        try:
-            return await write(self, data)
-        except BaseException as exc:
-            if exchange is not None and _is_disconnect(exc):
-                exchange.disconnected(exc)
-            raise
+    def first_write(data: Any) -> Any:
+        response.__dict__.pop("write", None)
+        exchange.first_byte(True)
+        return response.write(data)
 
-    write_traced.__wrapped__ = write  # type: ignore[attr-defined]
-    return write_traced
+    response.write = first_write
+
+
+def traced_cancel(cancel: Any) -> Any:
+    """``BaseRequest._cancel`` (*cancel*), which aiohttp calls on the request a connection is
+    serving when the connection is lost (or the server shuts down): its call's open requests end
+    as ``abort``."""
+
+    def cancel_traced(self: Any, exc: BaseException) -> None:
+        exchange = _in_flight.get(id(self))
+        if exchange is not None:
+            exchange.disconnected(exc)  # guarded: never raises into aiohttp
+        cancel(self, exc)
+
+    cancel_traced.__wrapped__ = cancel  # type: ignore[attr-defined]
+    return cancel_traced
 
 
 @guarded("aiohttp.disconnect", default=False)

@@ -7,10 +7,10 @@ hold OpenTelemetry's aiohttp-server middleware (the host enabled ``AioHttpServer
 whose ``web.Application`` subclass adds it, or listed it by hand) keeps that SERVER span, and
 llmtrace's scope middleware goes last, inside it; so does every application under
 ``server_spans="otel"``, where llmtrace enables ``AioHttpServerInstrumentor`` itself (unless the
-host did), and ``server_spans="off"``. ``StreamResponse.write`` is wrapped to time the first
-byte and see a client leave; ``StreamResponse.prepare`` (llmtrace's span only) to put the trace
-headers on a response the handler sends itself — both replaced by plain functions rather than
-wrapt proxies, which cost a binding per streamed chunk (see middleware.py).
+host did), and ``server_spans="off"``. ``StreamResponse.prepare`` is wrapped to put the trace
+headers on a response the handler sends itself (llmtrace's span) and to time its first write,
+``BaseRequest._cancel`` to see a client leave — both replaced by plain functions rather than
+wrapt proxies (see middleware.py); nothing is wrapped per streamed chunk.
 """
 
 from __future__ import annotations
@@ -88,9 +88,8 @@ class AioHttpInstrumentor(Instrumentor):
         self._otel_enabled = _enable_otel() if mode == "otel" else False
         middleware.configure(excluded_urls(_constants.OTEL_EXCLUDED_NAME))
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_INIT, _app_init_wrapper)
-        self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_WRITE, middleware.traced_write)
-        if mode == "llmtrace":
-            self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
+        self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
+        self._replace(_constants.REQUEST_MODULE, _constants.REQUEST_CANCEL, middleware.traced_cancel)
         _server.ENABLED.add(INTEGRATION)
 
     def _replace(self, module: str, path: str, make: Callable[[Any], Any]) -> None:
