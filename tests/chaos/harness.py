@@ -144,7 +144,10 @@ class Load:
             thread.join(60)
 
     def _client(self, index: int) -> None:
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
+        with openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30) as client:
+            self._requests(index, client)
+
+    def _requests(self, index: int, client: openai.OpenAI) -> None:
         n = 0
         while not self._stop.is_set():
             n += 1

@@ -117,8 +117,12 @@ def test_unknown_request_id_is_logged_once_and_ignored(captured: Captured, caplo
     assert 1 == sum("never saw" in r.getMessage() for r in caplog.records)
 
 
-def test_malformed_carrier_starts_a_new_trace(captured: Captured, caplog: pytest.LogCaptureFixture) -> None:
+def test_malformed_carrier_starts_a_new_trace(captured: Captured, caplog: pytest.LogCaptureFixture,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A garbage traceparent is ignored with one warning; the request still gets a span."""
+    from llmtrace import _safety
+
+    monkeypatch.setattr(_safety, "_warned", set())  # once per process: other tests may have logged it
     with caplog.at_level(logging.WARNING, logger="llmtrace"):
         assert not extract({"traceparent": "garbage"})
         start_request("bad-carrier", carrier={"traceparent": "not-a-traceparent"}).finished()

@@ -55,7 +55,9 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     out = tmp_path_factory.mktemp("openai")
     with ServerProcess([str(SERVER), "{port}", str(out / "traces.jsonl")], log=out / "server.log") as server:
-        yield Served(server, out / "traces.jsonl")
+        served = Served(server, out / "traces.jsonl")
+        with served.client:  # its pooled connections closed, not left to the garbage collector
+            yield served
 
 
 # ----------------------------------------------------------------------------- the wire format

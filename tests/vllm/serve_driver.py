@@ -73,6 +73,8 @@ def start_command(command: list[str], port: int, *, env: dict[str, str], log_pat
             with urllib.request.urlopen(server.base + "/health", timeout=2) as response:
                 if response.status == 200:
                     return server
+        except urllib.error.HTTPError as exc:
+            exc.close()  # not ready yet; its connection closed now, not by the garbage collector
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(1.0)
@@ -128,6 +130,8 @@ def _stream_one(base: str, body: dict[str, Any], burst: Burst, lock: threading.L
                 if abort_after and chunks >= abort_after:
                     break  # closing the stream early: the server aborts the request
     except Exception as exc:  # noqa: BLE001 - reported as a failed request
+        if isinstance(exc, urllib.error.HTTPError):
+            exc.close()
         with lock:
             burst.errors.append(f"{type(exc).__name__}: {exc}")
         return
