@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
 from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
-from llmtrace.lifecycle.phases import compute_phases, prompt_cache_of
+from llmtrace.lifecycle.phases import prompt_cache_of, queue_ns
 from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class ServingMetrics:
         self._tokens.record((rec.output_tokens, (operation, model, None, "output", None)))
         queue_s = rec.summary_in.get("queue_s") if rec.summary_in else None
         if queue_s is None and rec.queued_ns:
-            queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
+            queue_s = queue_ns(rec) * NS
         if queue_s is not None:
             self._queue.record((queue_s, key))
         if rec.prompt_tokens is not None and (cache := prompt_cache_of(rec)) is not None:
