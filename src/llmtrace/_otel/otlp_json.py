@@ -56,6 +56,8 @@ def any_value(value: Any) -> str:
         return _double(value)
     if kind is bool:
         return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if kind is list or kind is tuple:  # before _other_value's ABC checks: a step's request ids, finish reasons
+        return '{"arrayValue":{"values":[' + ",".join(map(any_value, value)) + "]}}"
     return _other_value(value)
 
 
