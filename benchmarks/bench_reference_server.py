@@ -54,6 +54,8 @@ CONFIGS = {
     "production": {"sample_ratio": 0.1, "engine_sample_ratio": 0.1},
     "full": {},
 }
+#: The suffix of an arm run with ``--baseline-src``'s llmtrace.
+BASELINE = "baseline"
 #: The arms run by default: the original three; ``--arms`` picks others.
 DEFAULT_ARMS = ("untraced", "full", "production")
 
@@ -131,10 +133,14 @@ class Server:
     """One server for *config* in a fresh process (front end + engine process), asked over a pipe
     for its CPU time and over HTTP for llmtrace's own threads' share of it."""
 
-    def __init__(self, config: str, out: str) -> None:
-        self.config = config
+    def __init__(self, arm: str, out: str, baseline_src: str | None = None) -> None:
+        self.arm = arm
+        config, _, tree = arm.partition("@")
+        env = dict(os.environ)
+        if tree == BASELINE and baseline_src:  # the same arm, another checkout's llmtrace
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (f"{baseline_src}/src", env.get("PYTHONPATH", "")) if p)
         self.proc = subprocess.Popen([sys.executable, __file__, "--child", config, "--out", out],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.url: str = json.loads(self.stdout.readline())["url"]
@@ -162,11 +168,11 @@ def _result(tokens: int, elapsed: float, before: tuple[float, float], after: tup
 
 
 def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: int,
-            max_tokens: int) -> dict[str, dict[str, float]]:
+            max_tokens: int, baseline_src: str | None = None) -> dict[str, dict[str, float]]:
     """Start a server per config, warm them up, then load them *at the same time* and time each
     in wall and server CPU. With one config this is a plain sequential measurement; with
     several, every arm sees the same machine noise, so their ratios are paired."""
-    servers = [Server(config, str(Path(tmp) / f"{config}-{tag}.jsonl")) for config in configs]
+    servers = [Server(config, str(Path(tmp) / f"{config}-{tag}.jsonl"), baseline_src) for config in configs]
     try:
 
         async def load_all(n: int, tokens: int) -> list[tuple[int, float]]:
@@ -186,7 +192,7 @@ def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: 
     finally:
         for server in servers:
             server.close()
-    return {server.config: _result(tokens, elapsed, b, a, requests)
+    return {server.arm: _result(tokens, elapsed, b, a, requests)
             for server, (tokens, elapsed), b, a in zip(servers, loads, before, after, strict=True)}
 
 
@@ -202,6 +208,9 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                         help=f"comma-separated arms, untraced first (of {', '.join(CONFIGS)}; "
                              f"default {','.join(DEFAULT_ARMS)})")
+    parser.add_argument("--baseline-src", metavar="DIR",
+                        help=f"another checkout (e.g. a `git worktree` of main): each traced arm also runs as "
+                             f"ARM@{BASELINE} with that checkout's llmtrace, interleaved in the same rounds")
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
     parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
@@ -210,7 +219,9 @@ def main() -> None:
         child(args.child, args.out)
         return
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = [arm for arm in arms if arm not in CONFIGS]
+    if args.baseline_src:
+        arms += [f"{arm}@{BASELINE}" for arm in arms if arm in CONFIGS and arm != "untraced"]
+    unknown = [arm for arm in arms if arm.partition("@")[0] not in CONFIGS]
     if unknown or "untraced" not in arms:
         parser.error(f"--arms: {', '.join(unknown) or 'untraced missing'} (known: {', '.join(CONFIGS)}; "
                      "untraced is the baseline and must be one of them)")
@@ -221,7 +232,7 @@ def main() -> None:
             batches = [order] if args.parallel else [[name] for name in order]
             for batch in batches:
                 for name, run in measure(batch, tmp, str(round_index), args.requests, args.concurrency,
-                                         args.max_tokens).items():
+                                         args.max_tokens, args.baseline_src).items():
                     results[name].append(run)
                     print(f"round {round_index + 1}: {name:<10} {run['tokens_per_s']:8.1f} tokens/s  "
                           f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "

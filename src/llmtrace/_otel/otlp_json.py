@@ -18,9 +18,11 @@ import base64
 import math
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote  # the C string encoder json.dumps uses
+from math import isfinite as _isfinite
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind, StatusCode
 
 #: Attribute keys come from a small fixed vocabulary; a host that invents keys per
 #: request must not grow this without bound.
@@ -54,6 +56,8 @@ def any_value(value: Any) -> str:
         return _double(value)
     if kind is bool:
         return '{"boolValue":true}' if value else '{"boolValue":false}'
+    if kind is list or kind is tuple:  # before _other_value's ABC checks: a step's request ids, finish reasons
+        return '{"arrayValue":{"values":[' + ",".join(map(any_value, value)) + "]}}"
     return _other_value(value)
 
 
@@ -78,38 +82,76 @@ def attributes(attrs: Mapping[str, Any] | None) -> str:
     if not attrs:
         return "[]"
     parts = []
-    for key, value in attrs.items():  # strings and ints inline: most attributes, per span, per batch
+    for key, value in attrs.items():  # strings, ints and doubles inline: most attributes, per span, per batch
         prefix = _key_prefix.get(key) or _key(key)
         kind = type(value)
         if kind is str:
             parts.append(prefix + '{"stringValue":' + _quote(value) + "}}")
         elif kind is int:
             parts.append(prefix + '{"intValue":"' + str(value) + '"}}')
+        elif kind is float and _isfinite(value):
+            parts.append(prefix + '{"doubleValue":' + repr(value) + "}}")
         else:
             parts.append(prefix + any_value(value) + "}")
     return "[" + ",".join(parts) + "]"
 
 
-def _span(span: ReadableSpan) -> str:
+#: OTLP's span kind (its enum starts at UNSPECIFIED = 0) and status code, by the API's enums:
+#: a dict lookup instead of two enum ``.value`` descriptors per span.
+_KIND = {kind: kind.value + 1 for kind in SpanKind}
+_STATUS = {code: str(code.value) for code in StatusCode}
+#: Span names as JSON strings: a handful of names, quoted once each (bounded like the keys).
+_MAX_CACHED_NAMES = 1024
+_names: dict[str, str] = {}
+
+
+def _name(name: str) -> str:
+    quoted = _names.get(name)
+    if quoted is None:
+        quoted = _quote(name)
+        if len(_names) < _MAX_CACHED_NAMES:
+            _names[name] = quoted
+    return quoted
+
+
+class _TraceIds:
+    """The hex of the last trace id seen: a batch holds a request's spans (or a window's) one after
+    the other, all in one trace."""
+
+    __slots__ = ("hex", "trace_id")
+
+    def __init__(self) -> None:
+        self.trace_id = -1
+        self.hex = ""
+
+    def __call__(self, trace_id: int) -> str:
+        if trace_id != self.trace_id:
+            self.trace_id, self.hex = trace_id, f"{trace_id:032x}"
+        return self.hex
+
+
+def _span(span: ReadableSpan, trace_hex: Callable[[int], str]) -> str:
     ctx = span.context
     trace_id, span_id = (ctx.trace_id, ctx.span_id) if ctx is not None else (0, 0)
     parent = span.parent
     status = span.status
     text = (
-        f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}",'
+        '{"traceId":"' + trace_hex(trace_id) + f'","spanId":"{span_id:016x}",'
         + (f'"parentSpanId":"{parent.span_id:016x}",' if parent is not None else "")
-        + f'"name":{_quote(span.name)},"kind":{span.kind.value + 1},'  # OTLP's enum starts at UNSPECIFIED = 0
+        + f'"name":{_names.get(span.name) or _name(span.name)},"kind":{_KIND[span.kind]},'
         f'"startTimeUnixNano":"{span.start_time or 0}","endTimeUnixNano":"{span.end_time or 0}",'
-        f'"attributes":{attributes(span.attributes)},"status":{{"code":{status.status_code.value}'
+        f'"attributes":{attributes(span.attributes)},"status":{{"code":{_STATUS[status.status_code]}'
         + (f',"message":{_quote(status.description)}}}' if status.description else "}")
     )
-    if span.events:
+    events = span.events  # each read copies the span's list
+    if events:
         text += ',"events":[' + ",".join(
             f'{{"timeUnixNano":"{e.timestamp}","name":{_quote(e.name)},"attributes":{attributes(e.attributes)}}}'
-            for e in span.events) + "]"
-    if span.links:
+            for e in events) + "]"
+    links = span.links
+    if links:
         text += ',"links":[' + ",".join(
-            _link_ids(link.context) + attributes(link.attributes) + "}" for link in span.links) + "]"
+            _link_ids(link.context) + attributes(link.attributes) + "}" for link in links) + "]"
     return text + "}"
 
 
@@ -137,13 +179,14 @@ def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None
     :meth:`llmtrace._otel.gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
     the GIL for tens of milliseconds)."""
     resources: dict[int, tuple[Any, dict[tuple[str, str | None], list[str]]]] = {}
+    trace_hex = _TraceIds()
     for span in spans:
         if pause is not None:
             pause()
         resource_entry = resources.setdefault(id(span.resource), (span.resource, {}))
         scope = span.instrumentation_scope
         key = (scope.name, scope.version) if scope is not None else ("", None)
-        resource_entry[1].setdefault(key, []).append(_span(span))
+        resource_entry[1].setdefault(key, []).append(_span(span, trace_hex))
     parts = []
     for resource, scopes in resources.values():
         scope_parts = [

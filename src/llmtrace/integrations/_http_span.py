@@ -17,6 +17,7 @@ from llmtrace._http_metrics import OTHER_METHOD
 from llmtrace._safety import warn_once
 from llmtrace.integrations import _server_span
 from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.pending import exception_event
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
@@ -60,7 +61,7 @@ def finish_http_span(start: _server_span.ServerSpanStart, attributes: dict[str, 
     if error_kind is not None:
         attributes[semconv.ERROR_TYPE] = error_kind
         status = Status(StatusCode.ERROR, error_description(status_code, error))
-    events = [] if error is None else [_server_span.exception_event(error, timestamp=to_wall_ns(end_ns, offset))]
+    events = [] if error is None else [exception_event(error, timestamp=to_wall_ns(end_ns, offset))]
     _server_span.finish(start, name, start_ns, end_ns, offset, attributes, status, events)
 
 

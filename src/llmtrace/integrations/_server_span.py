@@ -23,18 +23,18 @@ through the tracer API, at that API's cost.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Event
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
-from opentelemetry.util import types
 
 from llmtrace import _runtime
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.pending import PendingSpan
 
 _SERVER = SpanKind.SERVER
 
@@ -58,75 +58,12 @@ def _context_functions() -> tuple[Any, Any, Any]:
 current_context, attach, detach = _context_functions()
 
 
-class ServerSpan(trace.Span):
+class ServerSpan(PendingSpan):
     """The SERVER span while its call runs (see the module docstring); ended by its call, not by ``end()``."""
 
     kind = _SERVER
 
-    __slots__ = ("_context", "_recording", "attributes", "events", "name", "status")
-
-    def __init__(self, context: SpanContext, recording: bool) -> None:
-        self._context = context
-        self._recording = recording
-        # Made when first needed: most calls are not sampled, and most sampled ones set nothing.
-        self.attributes: dict[str, Any] | None = None
-        self.events: list[Event] | None = None
-        self.name: str | None = None
-        self.status: Status | None = None
-
-    def get_span_context(self) -> SpanContext:
-        return self._context
-
-    def is_recording(self) -> bool:
-        return self._recording
-
-    def set_attribute(self, key: str, value: types.AttributeValue) -> None:
-        self.set_attributes({key: value})
-
-    def set_attributes(self, attributes: Mapping[str, types.AttributeValue]) -> None:
-        if self._recording:
-            if self.attributes is None:
-                self.attributes = {}
-            self.attributes.update(attributes)
-
-    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
-        self._add_event(Event(name, attributes, timestamp))
-
-    def _add_event(self, event: Event) -> None:
-        if self._recording:
-            if self.events is None:
-                self.events = []
-            self.events.append(event)
-
-    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
-        return None  # a server span links to nothing here; the caller is its parent
-
-    def update_name(self, name: str) -> None:
-        self.name = name
-
-    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        self.status = status if isinstance(status, Status) else Status(status, description)
-
-    def record_exception(self, exception: BaseException, attributes: types.Attributes = None,
-                         timestamp: int | None = None, escaped: bool = False) -> None:
-        self._add_event(exception_event(exception, attributes, timestamp))
-
-    def end(self, end_time: int | None = None) -> None:
-        return None  # the call ends it when its response is complete
-
-    def __repr__(self) -> str:
-        return f"ServerSpan({self._context!r}, recording={self._recording})"
-
-
-def exception_event(exception: BaseException, attributes: types.Attributes = None,
-                    timestamp: int | None = None) -> Event:
-    """The ``exception`` event the SDK's ``record_exception`` makes (without the traceback text:
-    the span is built later, off the request path, where the traceback is gone)."""
-    attrs: dict[str, Any] = {"exception.type": type(exception).__qualname__, "exception.message": str(exception),
-                             "exception.escaped": "False"}
-    if attributes:
-        attrs.update(attributes)
-    return Event("exception", attrs, timestamp)
+    __slots__ = ()
 
 
 class ServerSpanStart(tuple):  # type: ignore[type-arg]  # a plain tuple: built once per HTTP call

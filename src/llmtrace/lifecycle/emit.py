@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, ParentBased
@@ -33,6 +34,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from llmtrace import _runtime
+from llmtrace._otel.export import BoundedSpanProcessor
 from llmtrace._otel.ids import PrivateRandomIdGenerator, getrandbits
 
 _tuple_new = tuple.__new__
@@ -59,6 +61,7 @@ _DEFAULT_TRACE_STATE = trace.DEFAULT_TRACE_STATE
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the flag is newer than the oldest SDK we support
 _INTERNAL = SpanKind.INTERNAL
 _UNSET = Status(StatusCode.UNSET)
+_PLAIN = frozenset((str, int, float, bool))  # attribute values the SDK keeps as they are
 _TRACE_ID_LIMIT = (1 << 64) - 1  # the low 64 bits a ratio sampler compares (TraceIdRatioBased.TRACE_ID_LIMIT)
 
 
@@ -110,11 +113,15 @@ class SdkFinishedSpans:
         scope = getattr(tracer, "_instrumentation_scope", None)
         self._scope = scope if isinstance(scope, InstrumentationScope) else InstrumentationScope("llmtrace")
         limits = getattr(tracer, "_span_limits", None)
+        self._limits = limits if isinstance(limits, SpanLimits) else SpanLimits()
         self._max_links = getattr(limits, "max_links", None) or 128
         # The SDK's generator or llmtrace's: getrandbits is what they do (ids from llmtrace's own
         # generator either way: a host that seeds `random` does not repeat them, _otel/ids.py).
         self._fast_ids = type(self._ids) in (RandomIdGenerator, PrivateRandomIdGenerator)
         self._root_bound: int | None = getattr(self._sampler, "root_bound", None)  # llmtrace's own sampler
+        #: Whether :meth:`new_context` decides a new trace exactly as the SDK would (llmtrace's own
+        #: sampler, read directly); with another root sampler it is not asked the span's attributes.
+        self.reads_root_sampler = self._root_bound is not None
         self._root_flags = {True: TraceFlags(TraceFlags.SAMPLED | self._random_ids),
                             False: TraceFlags(self._random_ids)}
 
@@ -143,6 +150,38 @@ class SdkFinishedSpans:
         readable._end_time = end_ns  # the SDK's own Span.end() sets exactly this
         self._processor.on_end(readable)
 
+    # ------------------------------------------------------------ a request's spans, in one go
+    def child(self, name: str, parent: SpanContext, start_ns: int, end_ns: int,
+              attributes: Mapping[str, Any] | None) -> ReadableSpan | None:
+        """The finished child of *parent* that :meth:`open` then :meth:`close` would hand the processors,
+        returned instead, for :meth:`end_all` (None: *parent* is not sampled, no child is recorded)."""
+        if not parent.trace_flags.sampled:
+            return None
+        if self._fast_ids and _DIRECT_SPAN_CONTEXT:  # ids in range: getrandbits's, and a sampled parent's
+            context = _tuple_new(SpanContext, (parent.trace_id, getrandbits(64) or self._ids.generate_span_id(),
+                                               False, TraceFlags(parent.trace_flags), parent.trace_state, True))
+        else:
+            context = SpanContext(parent.trace_id, self._ids.generate_span_id(), is_remote=False,
+                                  trace_flags=TraceFlags(parent.trace_flags), trace_state=parent.trace_state)
+        return ReadableSpan(name, context, parent, self._resource, dict(attributes) if attributes else {}, (), (),
+                            _INTERNAL, None, _UNSET, start_ns, end_ns, self._scope)
+
+    def end_all(self, spans: Sequence[ReadableSpan]) -> None:
+        """Hand finished *spans* to the processors: llmtrace's own export processors take them in one
+        call (a request's five spans were five passes through three processors' ``on_end``)."""
+        processor = self._processor
+        processors = getattr(processor, "_span_processors", None)
+        if type(processor) is not SynchronousMultiSpanProcessor or processors is None:
+            for span in spans:
+                processor.on_end(span)
+            return
+        for one in processors:
+            if type(one) is BoundedSpanProcessor:
+                one.on_end_many(spans)
+            else:
+                for span in spans:
+                    one.on_end(span)
+
     # ------------------------------------------------------------ a span whose ids came first
     def new_context(self, parent: SpanContext | None, name: str, kind: SpanKind) -> tuple[SpanContext, bool]:
         """The identity of a span starting now under *parent* (a valid context; None: a new trace) and whether it is
@@ -169,10 +208,51 @@ class SdkFinishedSpans:
         return SpanContext(trace_id, span_id, False, self._root_flags[sampled], None), sampled
 
     def emit(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start_ns: int,
-             end_ns: int, attributes: Mapping[str, Any], status: Status, events: Sequence[Event] = ()) -> None:
+             end_ns: int, attributes: Mapping[str, Any], status: Status, events: Sequence[Event] = (),
+             links: Sequence[Link] = ()) -> None:
         """A finished span whose context was handed out while it ran (children already point at it)."""
-        self._processor.on_end(ReadableSpan(name, context, parent, self._resource, dict(attributes), tuple(events),
-                                            (), kind, None, status, start_ns, end_ns, self._scope))
+        self._processor.on_end(self.finished(name, context, parent, kind, start_ns, end_ns, attributes, status,
+                                             events, links))
+
+    def finished(self, name: str, context: SpanContext, parent: SpanContext | None, kind: SpanKind, start_ns: int,
+                 end_ns: int, attributes: Mapping[str, Any], status: Status, events: Sequence[Event] = (),
+                 links: Sequence[Link] = ()) -> ReadableSpan:
+        """What :meth:`emit` hands the processors, returned instead (for :meth:`end_all`)."""
+        return ReadableSpan(name, context, parent, self._resource, dict(attributes), tuple(events), tuple(links),
+                            kind, None, status, start_ns, end_ns, self._scope)
+
+    # ------------------------------------------------ what the SDK's live span would hold
+    def attributes(self, attributes: dict[str, Any]) -> Mapping[str, Any]:
+        """*attributes* as the SDK's live span keeps them: *attributes* itself when every key is a
+        non-empty string and every value a plain scalar or a list of strings (made a tuple, as the
+        SDK does) and no limit applies — the common case, at a fraction of the SDK's per-value
+        checks — else the SDK's own ``BoundedAttributes``."""
+        limits = self._limits
+        if limits.max_span_attribute_length is None and (limits.max_span_attributes or 0) >= len(attributes):
+            for key, value in attributes.items():
+                kind = type(value)
+                if kind is list and all(type(item) is str for item in value):
+                    attributes[key] = tuple(value)  # a value replaced in place: no key added or moved
+                elif kind not in _PLAIN or type(key) is not str or not key:
+                    break
+            else:
+                return attributes
+        return BoundedAttributes(limits.max_span_attributes, attributes, immutable=False,
+                                 max_value_len=limits.max_span_attribute_length)
+
+    def event(self, name: str, attributes: Any, timestamp: int | None) -> Event:
+        """An event as the SDK's live span's ``add_event`` makes it."""
+        limits = self._limits
+        return Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True,
+                                             max_value_len=limits.max_attribute_length), timestamp)
+
+    def link(self, context: SpanContext, attributes: Any) -> Link | None:
+        """A link as the SDK's live span's ``add_link`` makes it (None: the SDK would not add it)."""
+        if not (context and (context.is_valid or attributes or context.trace_state)):
+            return None
+        limits = self._limits
+        return Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True,
+                                               max_value_len=limits.max_attribute_length))
 
 
 def finished_spans(tracer: trace.Tracer) -> FinishedSpans:

@@ -14,7 +14,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
 from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
-from llmtrace.lifecycle.phases import compute_phases, prompt_cache_of
+from llmtrace.lifecycle.phases import prompt_cache_of, queue_ns
 from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
@@ -54,8 +54,11 @@ class ServingMetrics:
                            semconv.REQUEST_DURATION_BUCKETS)
         self._batch = make(semconv.METRIC_BATCH_SIZE, "{request}", "Requests per engine step",
                            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
-        self._prompt_tokens = meter.create_counter(
-            semconv.METRIC_PROMPT_TOKENS, unit="{token}",
+        # Summed here and observed at collection: two SDK Counter.add calls a request (attribute
+        # checks, hashing, a lock each) were most of what an unsampled request cost the span builder.
+        self._prompt_tokens: dict[tuple[str, Any], int] = {}
+        meter.create_observable_counter(
+            semconv.METRIC_PROMPT_TOKENS, [self._observe_prompt_tokens], unit="{token}",
             description="Prompt tokens by where their KV came from: computed, prefix cache, KV transfer")
         self._errors = meter.create_counter(semconv.METRIC_INSTRUMENTATION_ERRORS, unit="{error}",
                                             description="Internal llmtrace errors (swallowed)")
@@ -92,7 +95,7 @@ class ServingMetrics:
         self._tokens.record((rec.output_tokens, (operation, model, None, "output", None)))
         queue_s = rec.summary_in.get("queue_s") if rec.summary_in else None
         if queue_s is None and rec.queued_ns:
-            queue_s = sum(b - a for a, b in compute_phases(rec).queues) * NS
+            queue_s = queue_ns(rec) * NS
         if queue_s is not None:
             self._queue.record((queue_s, key))
         if rec.prompt_tokens is not None and (cache := prompt_cache_of(rec)) is not None:
@@ -102,12 +105,20 @@ class ServingMetrics:
     def _record_provenance(self, prompt_tokens: int, cache: tuple[int, int], model: Any) -> None:
         cached, transferred = cache
         computed = max(0, prompt_tokens - cached - transferred)
+        totals = self._prompt_tokens  # written by the span builder's thread only
         for source, count in (("computed", computed), ("cached", cached), ("transferred", transferred)):
             if count:
-                attrs = {semconv.LLM_PROMPT_TOKEN_SOURCE: source}
-                if model is not None:
-                    attrs[semconv.GEN_AI_REQUEST_MODEL] = model
-                self._prompt_tokens.add(count, attrs)
+                key = (source, model)
+                totals[key] = totals.get(key, 0) + count
+
+    def _observe_prompt_tokens(self, options: CallbackOptions) -> list[Observation]:
+        observations = []
+        for (source, model), total in list(self._prompt_tokens.items()):  # a copy: the builder may add a key
+            attrs = {semconv.LLM_PROMPT_TOKEN_SOURCE: source}
+            if model is not None:
+                attrs[semconv.GEN_AI_REQUEST_MODEL] = model
+            observations.append(Observation(total, attrs))
+        return observations
 
     def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
         key = (None, None, None, None, engine_id)

@@ -10,16 +10,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from llmtrace import semconv
 from llmtrace.config import Settings
 from llmtrace.lifecycle.clock import to_wall_ns
-from llmtrace.lifecycle.emit import FinishedSpans
+from llmtrace.lifecycle.emit import FinishedSpans, SdkFinishedSpans
+from llmtrace.lifecycle.pending import RequestSpan
 from llmtrace.lifecycle.stats import NS, token_timing
 
 if TYPE_CHECKING:
     from llmtrace.lifecycle.request import RequestHandle
+
+
+_UNSET = Status(StatusCode.UNSET)
 
 
 @dataclass(frozen=True)
@@ -54,9 +59,23 @@ def compute_phases(rec: RequestHandle) -> Phases:
     return Phases(queues, prefill, decode, stall)
 
 
-def phase_summary(rec: RequestHandle) -> dict[str, Any]:
-    """Durations an engine reports back to the process owning ``llm.request``."""
-    phases = compute_phases(rec)
+def queue_ns(rec: RequestHandle) -> int:
+    """The sum of :func:`compute_phases`' queue waits, without the rest (metrics ask it of every request)."""
+    queued, scheduled = rec.queued_ns, rec.scheduled_ns
+    end = rec.finish_ns if rec.finish_ns is not None else rec.arrival_ns
+    total = 0
+    for i, start in enumerate(queued):
+        stop = scheduled[i] if i < len(scheduled) else end
+        if stop > start:
+            total += stop - start
+    return total
+
+
+def phase_summary(rec: RequestHandle, phases: Phases | None = None) -> dict[str, Any]:
+    """Durations an engine reports back to the process owning ``llm.request`` (*phases*: the record's
+    :func:`compute_phases`, when the caller has it already)."""
+    if phases is None:
+        phases = compute_phases(rec)
     summary: dict[str, Any] = {
         "queue_s": sum(b - a for a, b in phases.queues) * NS,
         "preemptions": max(0, len(rec.queued_ns) - 1),
@@ -82,7 +101,7 @@ def phase_summary(rec: RequestHandle) -> dict[str, Any]:
     return summary
 
 
-def _latency_attributes(rec: RequestHandle, phases: Phases) -> dict[str, Any]:
+def _latency_attributes(rec: RequestHandle, phases: Phases | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     end = rec.finish_ns or rec.arrival_ns
     attrs[semconv.GEN_AI_LATENCY_E2E] = (end - rec.arrival_ns) * NS
@@ -92,7 +111,7 @@ def _latency_attributes(rec: RequestHandle, phases: Phases) -> dict[str, Any]:
              (semconv.LLM_ITL_P50_S, timing.itl_p50_s), (semconv.LLM_ITL_P99_S, timing.itl_p99_s),
              (semconv.LLM_ITL_MAX_S, timing.itl_max_s))
     attrs.update({k: v for k, v in pairs if v is not None})
-    summary = rec.summary_in or (phase_summary(rec) if rec.queued_ns or rec.scheduled_ns else {})
+    summary = rec.summary_in or (phase_summary(rec, phases) if rec.queued_ns or rec.scheduled_ns else {})
     for key, attr in (("queue_s", semconv.GEN_AI_LATENCY_TIME_IN_QUEUE),
                       ("prefill_s", semconv.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL),
                       ("decode_s", semconv.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE),
@@ -139,7 +158,8 @@ def _provenance_attributes(rec: RequestHandle, summary: dict[str, Any]) -> dict[
     return attrs
 
 
-def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -> dict[str, Any]:
+def request_attributes(rec: RequestHandle, phases: Phases | None, settings: Settings) -> dict[str, Any]:
+    """``llm.request``'s attributes at its end (*phases*: the record's :func:`compute_phases`, or None)."""
     attrs = _latency_attributes(rec, phases)
     if rec.prompt_tokens is not None:
         attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] = rec.prompt_tokens
@@ -163,10 +183,28 @@ def request_attributes(rec: RequestHandle, phases: Phases, settings: Settings) -
     return attrs
 
 
-def _child(spans: FinishedSpans, parent: trace.SpanContext, offset: int, name: str, start: int, end: int,
-           attributes: dict[str, Any] | None = None) -> None:
-    if (span := spans.open(name, parent, to_wall_ns(start, offset), attributes)) is not None:
-        spans.close(span, to_wall_ns(max(start, end), offset))
+class _Children:
+    """A request's child spans: through *spans*' ``open``/``close``, or — with the SDK's emitter — built
+    finished and handed to the processors together with ``llm.request`` (``SdkFinishedSpans.end_all``)."""
+
+    __slots__ = ("done", "offset", "parent", "sdk", "spans")
+
+    def __init__(self, spans: FinishedSpans, parent: trace.SpanContext, offset: int) -> None:
+        self.spans, self.parent, self.offset = spans, parent, offset
+        self.sdk = spans if isinstance(spans, SdkFinishedSpans) else None
+        self.done: list[ReadableSpan] = []
+
+    def add(self, name: str, start: int, end: int, attributes: dict[str, Any] | None = None) -> None:
+        wall_start, wall_end = to_wall_ns(start, self.offset), to_wall_ns(max(start, end), self.offset)
+        if self.sdk is not None:
+            if (finished := self.sdk.child(name, self.parent, wall_start, wall_end, attributes)) is not None:
+                self.done.append(finished)
+        elif (span := self.spans.open(name, self.parent, wall_start, attributes)) is not None:
+            self.spans.close(span, wall_end)
+
+    def end(self) -> None:
+        if self.sdk is not None and self.done:
+            self.sdk.end_all(self.done)
 
 
 def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
@@ -175,10 +213,9 @@ def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
     return span_attributes_for(rec.arrival_ns, rec.finish_ns or rec.arrival_ns)
 
 
-def _in_process_phases(rec: RequestHandle) -> Phases:
-    """Phases of a request nobody scheduled explicitly (a handler that streams tokens itself):
+def _in_process_phases(rec: RequestHandle, phases: Phases) -> Phases:
+    """*phases* of a request nobody scheduled explicitly (a handler that streams tokens itself):
     prefill runs from the end of tokenization (or arrival) to the first token."""
-    phases = compute_phases(rec)
     if phases.prefill is None and rec.token_ns:
         start = rec.tokenize[-1][1] if rec.tokenize else rec.arrival_ns
         phases = Phases(phases.queues, (min(start, rec.token_ns[0]), rec.token_ns[0]), phases.decode,
@@ -192,27 +229,28 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
     When an engine in another process reported a summary, it has already put
     queue/prefill/decode in this trace; this side adds only its own spans.
     """
-    phases = _in_process_phases(rec)
+    computed = compute_phases(rec)
+    phases = _in_process_phases(rec, computed)
     parent = rec.span.get_span_context() if rec.span is not None else \
         trace.get_current_span(rec.context()).get_span_context()
+    children = _Children(spans, parent, rec.wall_offset_ns)
     for start, end, tokens in rec.tokenize:
-        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_TOKENIZE, start, end,
-               {semconv.LLM_TOKENIZE_TOKENS: tokens})
+        children.add(semconv.SPAN_TOKENIZE, start, end, {semconv.LLM_TOKENIZE_TOKENS: tokens})
     if rec.remote_phases:
         phases = Phases([], None, None, 0)
     for index, (start, end) in enumerate(phases.queues):
-        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
+        children.add(semconv.SPAN_QUEUE, start, end, {semconv.LLM_QUEUE_INDEX: index})
     if phases.prefill:
         prefill_attrs = {semconv.GEN_AI_USAGE_INPUT_TOKENS: rec.prompt_tokens} if rec.prompt_tokens else None
-        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
+        children.add(semconv.SPAN_PREFILL, *phases.prefill, prefill_attrs)
     if phases.decode:
-        _child(spans, parent, rec.wall_offset_ns, semconv.SPAN_DECODE, *phases.decode,
-               {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: rec.output_tokens})
+        children.add(semconv.SPAN_DECODE, *phases.decode, {semconv.GEN_AI_USAGE_OUTPUT_TOKENS: rec.output_tokens})
     span: Span | None = rec.span
     if span is None or not rec.owns_span:
+        children.end()
         return
     # One set_attributes call: each takes the span's lock and walks the SDK's value checks.
-    attrs = request_attributes(rec, phases, settings)
+    attrs = request_attributes(rec, computed, settings)
     attrs.update(_gpu_attributes(rec))
     span.set_attributes(attrs)
     if rec.finish_reason == semconv.FINISH_ERROR or rec.error is not None:
@@ -222,7 +260,28 @@ def build_request_spans(rec: RequestHandle, spans: FinishedSpans, settings: Sett
             span.record_exception(error)
     elif rec.finish_reason == semconv.FINISH_ABORT:
         span.set_status(Status(StatusCode.ERROR, "aborted"))
-    span.end(end_time=to_wall_ns(rec.finish_ns or rec.arrival_ns, rec.wall_offset_ns))
+    end_ns = to_wall_ns(rec.finish_ns or rec.arrival_ns, rec.wall_offset_ns)
+    if not isinstance(span, RequestSpan):
+        children.end()
+        span.end(end_time=end_ns)
+        return
+    finished = _finished_request_span(span, to_wall_ns(rec.arrival_ns, rec.wall_offset_ns), end_ns)
+    if span.emitter is children.sdk:
+        children.done.append(finished)
+        children.end()
+    else:  # the tracer provider changed while the request ran
+        children.end()
+        span.emitter.end_all([finished])
+
+
+def _finished_request_span(span: RequestSpan, start_ns: int, end_ns: int) -> ReadableSpan:
+    """The finished ``llm.request`` as the SDK's live span would have ended it; the stand-in then stops
+    recording, as an ended span does."""
+    span._recording = False
+    emitter: SdkFinishedSpans = span.emitter
+    return emitter.finished(span.name or semconv.SPAN_REQUEST, span.get_span_context(), span.parent,
+                            SpanKind.INTERNAL, start_ns, end_ns, emitter.attributes(dict(span.attributes or {})),
+                            span.status or _UNSET, span.events or (), span.links or ())
 
 
 def server_timing(rec: RequestHandle) -> list[tuple[str, float]]:

@@ -35,13 +35,14 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
+from llmtrace.lifecycle.pending import RequestSpan
 from llmtrace.lifecycle.phases import build_request_spans
 from llmtrace.lifecycle.propagation import extract
 from llmtrace.lifecycle.scope import current_scope
@@ -361,7 +362,7 @@ def start_request(
     scope = current_scope()
     offset = scope.wall_offset_ns if scope is not None else offset_ns()  # the call's span tree's
     if owns_span:
-        span = _unsampled_child(parent)
+        span = _unsampled_child(parent) or _request_span(parent, attrs)
         if span is None:
             span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
                                                 start_time=to_wall_ns(arrival, offset), attributes=attrs)
@@ -389,6 +390,24 @@ def _unsampled_child(parent: otel_context.Context) -> Span | None:
     if not isinstance(spans, emit.SdkFinishedSpans):
         return None
     return trace.NonRecordingSpan(spans.new_context(parent_context, semconv.SPAN_REQUEST, SpanKind.INTERNAL)[0])
+
+
+def _request_span(parent: otel_context.Context, attributes: dict[str, Any]) -> Span | None:
+    """``llm.request`` under *parent* as a :class:`RequestSpan`, built finished when the request ends
+    (lifecycle/pending.py): the ids and sampling decision the SDK would give it, without its live
+    span. None where the SDK must decide: another tracer, or no parent and a sampler llmtrace cannot
+    read directly."""
+    spans = emit.current()
+    if not isinstance(spans, emit.SdkFinishedSpans):
+        return None
+    found = trace.get_current_span(parent).get_span_context()
+    parent_context: SpanContext | None = found if found.is_valid else None
+    if parent_context is None and not spans.reads_root_sampler:
+        return None
+    context, sampled = spans.new_context(parent_context, semconv.SPAN_REQUEST, SpanKind.INTERNAL)
+    if not sampled:
+        return trace.NonRecordingSpan(context)
+    return RequestSpan(context, parent_context, dict(attributes), spans)
 
 
 def mark_error(span: Span, error: BaseException) -> None:

@@ -35,6 +35,7 @@ from llmtrace.integrations._server import Exchange
 from llmtrace.integrations.grpc import extractors
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.pending import exception_event
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
@@ -166,7 +167,7 @@ class Rpc:
             details = f"{type(error).__name__}: {error}" if error is not None else (self.details or "")
             status = Status(StatusCode.ERROR, f"StatusCode.{_CODE_NAMES[code]}:{details}")
             if error is not None:
-                events.append(_server_span.exception_event(error, timestamp=to_wall_ns(end, self.offset)))
+                events.append(exception_event(error, timestamp=to_wall_ns(end, self.offset)))
         _server_span.finish(self.start, self.name, self.start_ns, end, self.offset, attributes, status, events)
 
 
