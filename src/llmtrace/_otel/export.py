@@ -370,17 +370,11 @@ class BoundedSpanProcessor(SpanProcessor):
         self._batch.on_end(span)
 
     def on_end_many(self, spans: Sequence[ReadableSpan]) -> None:
-        """:meth:`on_end` for each of *spans*, the queue bound checked once."""
-        sampled = [span for span in spans if span.context and span.context.trace_flags.sampled]
-        room = self._max - self._pending[0]
-        if len(sampled) > room:
-            self._drops.add(len(sampled) - max(0, room))
-            warn_once("export-queue-full", "llmtrace: export queue full (%d spans); dropping and counting",
-                      self._max)
-            sampled = sampled[:max(0, room)]
-        self._pending[0] += len(sampled)
-        on_end = self._batch.on_end
-        for span in sampled:
+        """:meth:`on_end` for each of *spans* (one call from the span builder instead of one
+        per span through the provider's processors); each keeps the span and byte bounds and
+        the spill."""
+        on_end = self.on_end
+        for span in spans:
             on_end(span)
 
     def shutdown(self) -> None:
