@@ -70,6 +70,8 @@ def test_a_completion_has_openais_shape(served: Served) -> None:
     assert 1 == len(completion.choices) and completion.choices[0].finish_reason in ("stop", "length")
     usage = completion.usage
     assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    # The prefix cache's hit: a prompt shorter than one KV block has nothing cached.
+    assert usage.prompt_tokens_details is not None and 0 == usage.prompt_tokens_details.cached_tokens
 
 
 def test_a_streamed_chat_sends_role_then_content_then_finish_then_usage(served: Served) -> None:

@@ -100,10 +100,7 @@ class ReferenceEngine:
             seq = self.scheduler.remove(request_id)
             if seq is not None:
                 self.sequences.pop(request_id, None)
-                summary = self.tracker.finished(request_id, reason, output_tokens=len(seq.output_ids))
-                # The API's usage reports the prefix-cache hit, traced or not.
-                summary.setdefault("cached_tokens", seq.cached_tokens or 0)
-                self.out.send(("outputs", [], [(request_id, reason, summary)]))
+                self.out.send(("outputs", [], [(request_id, reason, self._finished(seq, reason))]))
         elif kind == "stats":
             self.out.send(("stats", self.stats()))
         elif kind == "shutdown":
@@ -150,6 +147,13 @@ class ReferenceEngine:
         if seed is not None:  # the request's own random stream: the same seed samples the same tokens
             generator = self.torch.Generator().manual_seed(seed % 2**64)
         return Sequence(request_id, list(ids), max_tokens, float(temperature), float(top_p), generator=generator)
+
+    def _finished(self, seq: Any, reason: str) -> dict[str, Any]:
+        """End a request's record; the summary for the front end, with the prefix-cache hit
+        that the API's usage reports whether or not this process is traced."""
+        summary = self.tracker.finished(seq.request_id, reason, output_tokens=len(seq.output_ids))
+        summary.setdefault("cached_tokens", seq.cached_tokens or 0)
+        return summary
 
     def stats(self) -> dict[str, Any]:
         import llmtrace
@@ -288,8 +292,7 @@ class ReferenceEngine:
             if reason is not None:
                 self.scheduler.remove(seq.request_id)
                 self.sequences.pop(seq.request_id, None)
-                summary = self.tracker.finished(seq.request_id, reason, output_tokens=len(seq.output_ids))
-                finished.append((seq.request_id, reason, summary))
+                finished.append((seq.request_id, reason, self._finished(seq, reason)))
         self.out.send(("outputs", emitted, finished))
 
     @property
