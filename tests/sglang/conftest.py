@@ -20,25 +20,20 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.driven import DrivenParts
 from tests.sglang import tiny_model as tiny_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_SCRIPT = REPO / "scripts" / "sglang-env"
 #: A cold build downloads ~5 GB of wheels; a warm check takes a few seconds.
 ENV_BUILD_TIMEOUT_S = 1800
-#: What each test drove for real, printed at the end of the run.
-DRIVEN: list[str] = []
-
-
-def driven(part: str) -> None:
-    DRIVEN.append(part)
+#: What each test drove for real, printed at the end of the run (pytest -ra shows skips and why).
+DRIVEN = DrivenParts("SGLang parts driven for real (CPU, no GPU)")
+driven = DRIVEN.add
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if DRIVEN:
-        terminalreporter.section("SGLang parts driven for real (CPU, no GPU)")
-        for line in DRIVEN:
-            terminalreporter.write_line(f"  - {line}")
+    DRIVEN.report(terminalreporter)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.driven import DrivenParts
 from tests.vllm import tiny_model as tiny_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,18 +24,12 @@ REPO = Path(__file__).resolve().parents[2]
 requires_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                    reason="vLLM is not installed: the vLLM adapter tests did not run")
 #: What each test drove for real, printed at the end of the run (pytest -ra shows skips and why).
-DRIVEN: list[str] = []
-
-
-def driven(part: str) -> None:
-    DRIVEN.append(part)
+DRIVEN = DrivenParts("vLLM parts driven for real (no GPU)")
+driven = DRIVEN.add
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if DRIVEN:
-        terminalreporter.section("vLLM parts driven for real (no GPU)")
-        for line in DRIVEN:
-            terminalreporter.write_line(f"  - {line}")
+    DRIVEN.report(terminalreporter)
 
 
 @pytest.fixture(scope="session")
