@@ -240,6 +240,21 @@ def by_trace(spans: list[StackSpan]) -> dict[str, list[StackSpan]]:
     return traces
 
 
+def collector_env_for(sampling: Mapping[str, str], grpc: int, http: int, prom: int, telemetry: int,
+                      jaeger_endpoint: str) -> dict[str, str]:
+    """The environment collector/otel-collector.yaml reads: its loopback ports, the Jaeger it
+    exports to (``host:port`` of Jaeger's OTLP/gRPC), and the tail-sampling settings."""
+    return {
+        **sampling,
+        "LLMTRACE_COLLECTOR_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{grpc}",
+        "LLMTRACE_COLLECTOR_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{http}",
+        "LLMTRACE_COLLECTOR_PROMETHEUS_ENDPOINT": f"127.0.0.1:{prom}",
+        "LLMTRACE_COLLECTOR_TELEMETRY_HOST": "127.0.0.1",
+        "LLMTRACE_COLLECTOR_TELEMETRY_PORT": str(telemetry),
+        "LLMTRACE_COLLECTOR_JAEGER_ENDPOINT": jaeger_endpoint,
+    }
+
+
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -319,15 +334,8 @@ class OtelStack:
             "LLMTRACE_JAEGER_TELEMETRY_HOST": "127.0.0.1",
             "LLMTRACE_JAEGER_TELEMETRY_PORT": str(p["j_tel"]),
         }
-        collector_env = {
-            **sampling,
-            "LLMTRACE_COLLECTOR_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{p['c_grpc']}",
-            "LLMTRACE_COLLECTOR_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{p['c_http']}",
-            "LLMTRACE_COLLECTOR_PROMETHEUS_ENDPOINT": f"127.0.0.1:{p['c_prom']}",
-            "LLMTRACE_COLLECTOR_TELEMETRY_HOST": "127.0.0.1",
-            "LLMTRACE_COLLECTOR_TELEMETRY_PORT": str(p["c_tel"]),
-            "LLMTRACE_COLLECTOR_JAEGER_ENDPOINT": f"127.0.0.1:{p['j_grpc']}",
-        }
+        collector_env = collector_env_for(sampling, p["c_grpc"], p["c_http"], p["c_prom"], p["c_tel"],
+                                          f"127.0.0.1:{p['j_grpc']}")
         processes: list[ManagedProcess] = []
         try:
             processes.append(ManagedProcess(
@@ -424,15 +432,7 @@ class GatewayStack:
         try:
             for index in range(2):
                 p = dict(zip(("grpc", "http", "prom", "tel"), free_ports(4), strict=True))
-                env = {
-                    **sampling,
-                    "LLMTRACE_COLLECTOR_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{p['grpc']}",
-                    "LLMTRACE_COLLECTOR_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{p['http']}",
-                    "LLMTRACE_COLLECTOR_PROMETHEUS_ENDPOINT": f"127.0.0.1:{p['prom']}",
-                    "LLMTRACE_COLLECTOR_TELEMETRY_HOST": "127.0.0.1",
-                    "LLMTRACE_COLLECTOR_TELEMETRY_PORT": str(p["tel"]),
-                    "LLMTRACE_COLLECTOR_JAEGER_ENDPOINT": jaeger_otlp,
-                }
+                env = collector_env_for(sampling, p["grpc"], p["http"], p["prom"], p["tel"], jaeger_otlp)
                 processes.append(ManagedProcess(
                     f"tier2-{index}", [jaeger, "--config", f"file:{COLLECTOR_CONFIG}"], env,
                     otlp_http_accepts(f"127.0.0.1:{p['http']}"), backend.log_dir))
