@@ -145,12 +145,13 @@ class Server:
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.url: str = json.loads(self.stdout.readline())["url"]
 
-    def cpu(self) -> tuple[float, float]:
-        """(server CPU, of which llmtrace's own threads), seconds so far."""
+    def cpu(self) -> tuple[float, dict[str, float]]:
+        """(server CPU, llmtrace's own threads by ``process.worker``), seconds so far."""
         import httpx
 
         stats = httpx.get(self.url + "/stats", timeout=30).json()
-        ours = sum(sum(by_worker.values()) for by_worker in stats.get("llmtrace_cpu_s", {}).values())
+        ours = {f"{process}.{worker}": seconds for process, by_worker in stats.get("llmtrace_cpu_s", {}).items()
+                for worker, seconds in by_worker.items()}
         self.stdin.write("cpu\n")
         self.stdin.flush()
         return float(json.loads(self.stdout.readline())["cpu_s"]), ours
@@ -160,11 +161,18 @@ class Server:
         self.proc.wait(120)
 
 
-def _result(tokens: int, elapsed: float, before: tuple[float, float], after: tuple[float, float],
-            requests: int) -> dict[str, float]:
+def _result(tokens: int, elapsed: float, before: tuple[float, dict[str, float]],
+            after: tuple[float, dict[str, float]], requests: int) -> dict[str, float]:
     cpu = after[0] - before[0]
+    # Each llmtrace thread's share on its own (e.g. ``share.engine.span_builder``): where the cost is.
+    shares = {f"share.{name}": (seconds - before[1].get(name, 0.0)) / cpu for name, seconds in after[1].items()}
     return {"tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed, "tokens_per_cpu_s": tokens / cpu,
-            "cpu_ms_per_request": cpu / requests * 1000, "llmtrace_thread_share": (after[1] - before[1]) / cpu}
+            "cpu_ms_per_request": cpu / requests * 1000, "llmtrace_thread_share": sum(shares.values()), **shares}
+
+
+def _shares(run: dict[str, float]) -> str:
+    return ", ".join(f"{name.removeprefix('share.')} {value:.2%}" for name, value in run.items()
+                     if name.startswith("share."))
 
 
 def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: int,
@@ -236,7 +244,8 @@ def main() -> None:
                     results[name].append(run)
                     print(f"round {round_index + 1}: {name:<10} {run['tokens_per_s']:8.1f} tokens/s  "
                           f"{run['tokens_per_cpu_s']:8.1f} tokens/server-CPU-s  "
-                          f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU", file=sys.stderr)
+                          f"llmtrace threads {run['llmtrace_thread_share']:.2%} of server CPU "
+                          f"({_shares(run)})", file=sys.stderr)
     if args.parallel:  # paired: each round's ratio, then the median and range of those
         for name in arms:
             ratios = sorted(r["tokens_per_cpu_s"] / u["tokens_per_cpu_s"]

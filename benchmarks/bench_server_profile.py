@@ -207,7 +207,7 @@ def main() -> int:
     cpu = cpu_after[0] - cpu_before[0]
     print(f"{args.arm}: {args.requests} streaming requests x {args.max_tokens} tokens, concurrency "
           f"{args.concurrency}: {tokens} tokens in {elapsed:.1f} s; server CPU {cpu:.1f} s, of it llmtrace's "
-          f"threads (self-measured) {(cpu_after[1] - cpu_before[1]) / cpu:.2%}")
+          f"threads (self-measured) {(sum(cpu_after[1].values()) - sum(cpu_before[1].values())) / cpu:.2%}")
     report(args, attributed)
     return 0
 

@@ -42,23 +42,26 @@ def test_windows_close_after_n_steps_and_hold_their_steps(runtime_with: InstallR
 
 
 def test_step_links_point_at_the_requests_and_are_capped(runtime_with: InstallRuntime) -> None:
-    """Each step links to its requests' spans, at most max_links of them; batch size stays exact."""
+    """Each step links to its requests' spans, at most max_links of them, each link naming its request;
+    batch size stays exact."""
     captured = runtime_with(max_links=2)
     engine = EngineTracer("dp1")
     ids = ["r0", "r1", "r2"]
     for rid in ids:
         engine.tracker.add(rid)
-    _run_steps(engine, ids, 1)
+    _run_steps(engine, ids, 2)
     for rid in ids:
         engine.tracker.finished(rid)
     engine.flush_window()
-    (step,) = captured.named(semconv.SPAN_STEP)
+    first, second = captured.named(semconv.SPAN_STEP)
     requests = {s.context.span_id: s for s in captured.named(semconv.SPAN_REQUEST)}
-    assert 3 == step.attributes[semconv.LLM_BATCH_SIZE]
-    assert 2 == len(step.links)
-    for link in step.links:
-        assert link.context.span_id in requests
-        assert 0 == link.attributes[semconv.LLM_STEP_ID]
+    for step in (first, second):
+        assert 3 == step.attributes[semconv.LLM_BATCH_SIZE]
+        assert 2 == len(step.links)
+        for link in step.links:
+            request = requests[link.context.span_id]
+            assert {semconv.LLM_REQUEST_ID: request.attributes[semconv.LLM_REQUEST_ID]} == dict(link.attributes or {})
+    assert [link.context for link in first.links] == [link.context for link in second.links]
 
 
 def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: InstallRuntime) -> None:

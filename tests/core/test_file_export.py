@@ -70,3 +70,34 @@ def test_the_export_threads_cpu_time_is_counted(tmp_path: Path) -> None:
     assert processor.force_flush(10_000)
     assert 0 < stats.cpu_s and 0 == stats.dropped
     provider.shutdown()
+
+
+def test_spans_handed_over_together_keep_their_order_bounds_and_sampling(tmp_path: Path) -> None:
+    """on_end_many (the span builder's call) fills the SDK batch queue directly: the spans reach the
+    exporter in the order given, unsampled ones are left out, and a full queue drops and counts the
+    rest exactly as on_end one by one does."""
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    from llmtrace._otel.export import BoundedSpanProcessor, ExportStats, JsonLinesSpanExporter, open_sink
+    from llmtrace.analysis.sources import load_spans
+
+    out = tmp_path / "t.jsonl"
+    stats = ExportStats()
+    processor = BoundedSpanProcessor(JsonLinesSpanExporter(open_sink(str(out))), stats, 4, "t")
+    assert processor._sdk_queue is not None, "the SDK's batch processor no longer has the shape filled directly"
+    tracer = TracerProvider().get_tracer("t")
+    spans: list[ReadableSpan] = []
+    for i in range(6):
+        span = tracer.start_span(f"s{i}")
+        span.end()
+        assert isinstance(span, ReadableSpan)
+        spans.append(span)
+    unsampled = ReadableSpan("never", SpanContext(5, 7, False, TraceFlags(0)), start_time=1, end_time=2)
+    processor.on_end_many([spans[0], unsampled, *spans[1:]])
+    assert processor.force_flush(10_000)
+    assert ["s0", "s1", "s2", "s3"] == [span.name for span in load_spans(str(out)).spans]
+    assert 2 == stats.dropped
+    processor.shutdown()
+    processor.on_end_many(spans)  # after shutdown: the SDK's own path, which ignores them
+    assert ["s0", "s1", "s2", "s3"] == [span.name for span in load_spans(str(out)).spans]

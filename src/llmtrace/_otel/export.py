@@ -11,6 +11,7 @@ Several processes (API server, engine) may append to one file: each batch is one
 from __future__ import annotations
 
 import base64
+import collections
 import functools
 import json
 import logging
@@ -320,6 +321,24 @@ class _CountingExporter(SpanExporter):
         return self._inner.force_flush(timeout_millis)
 
 
+def _sdk_batch_queue(batch: BatchSpanProcessor) -> Any | None:
+    """The SDK batch processor's inner queue owner, when it has the shape this module fills
+    directly (None: any other shape; spans then go through its ``on_end`` one by one).
+
+    Its ``emit`` appends one span to a deque and wakes the export thread at a full batch; a
+    request's five spans or an engine step's took five passes through it, a fifth of what the
+    span builder spent per request. The bounds that ``emit`` would check are this module's,
+    tighter: the queue never reaches its length here."""
+    inner = getattr(batch, "_batch_processor", None)
+    queue = getattr(inner, "_queue", None)
+    if (type(queue) is collections.deque and queue.maxlen is not None
+            and isinstance(getattr(inner, "_worker_awaken", None), threading.Event)
+            and type(getattr(inner, "_max_export_batch_size", None)) is int
+            and type(getattr(inner, "_shutdown", None)) is bool and type(getattr(inner, "_pid", None)) is int):
+        return inner
+    return None
+
+
 class BoundedSpanProcessor(SpanProcessor):
     """A BatchSpanProcessor whose queue is bounded in spans and (estimated) bytes, and whose
     every span is accounted for in :class:`ExportStats`.
@@ -349,33 +368,49 @@ class BoundedSpanProcessor(SpanProcessor):
             schedule_delay_millis=1000,
             export_timeout_millis=5000,
         )
+        self._sdk_queue = _sdk_batch_queue(self._batch)
 
     def on_start(self, span: Span, parent_context: Context | None = None) -> None:
         return None
 
     def on_end(self, span: ReadableSpan) -> None:
+        if self._admit(span):
+            self._batch.on_end(span)
+
+    def _admit(self, span: ReadableSpan) -> bool:
+        """Whether *span* goes to the queue: sampled, and within the bounds (else it is spilled,
+        or dropped and counted)."""
         if not span.context or not span.context.trace_flags.sampled:
-            return
+            return False
         size = estimated_bytes(span)
         pending = self._pending
         if pending[0] >= self._max or pending[1] + size > self._max_bytes:
             if self.spill is not None and self.spill.offer(span, size):
-                return
+                return False
             self._drops.add(1, semconv.DROP_QUEUE_FULL)
             warn_once("export-queue-full", "llmtrace: export queue full (%d spans or %d bytes); dropping and "
                       "counting", self._max, self._max_bytes)
-            return
+            return False
         pending[0] += 1
         pending[1] += size
-        self._batch.on_end(span)
+        return True
 
     def on_end_many(self, spans: Sequence[ReadableSpan]) -> None:
-        """:meth:`on_end` for each of *spans* (one call from the span builder instead of one
-        per span through the provider's processors); each keeps the span and byte bounds and
-        the spill."""
-        on_end = self.on_end
-        for span in spans:
-            on_end(span)
+        """:meth:`on_end` for each of *spans*, in one call from the span builder instead of one per
+        span through the provider's processors; each keeps the span and byte bounds and the spill.
+        The admitted spans join the SDK batch processor's queue together (see :func:`_sdk_batch_queue`)."""
+        inner = self._sdk_queue
+        if inner is None or inner._shutdown or inner._pid != os.getpid():
+            for span in spans:
+                self.on_end(span)
+            return
+        admit = self._admit
+        if not (admitted := [span for span in spans if admit(span)]):
+            return
+        queue = inner._queue
+        queue.extendleft(admitted)  # what appendleft one by one does, the order included
+        if len(queue) >= inner._max_export_batch_size and not inner._worker_awaken.is_set():
+            inner._worker_awaken.set()
 
     def shutdown(self) -> None:
         self.close(30_000)

@@ -150,26 +150,28 @@ def _span(span: ReadableSpan, trace_hex: Callable[[int], str]) -> str:
             for e in events) + "]"
     links = span.links
     if links:
-        text += ',"links":[' + ",".join(
-            _link_ids(link.context) + attributes(link.attributes) + "}" for link in links) + "]"
+        text += ',"links":[' + ",".join(map(_link, links)) + "]"
     return text + "}"
 
 
-#: Encoded link targets: a request is linked from every step it is in (hundreds of times),
-#: and formatting its two ids as hex is a third of a link's cost.
+#: Encoded links: a request is linked from every step it is in (hundreds of times), each time by the
+#: same link object (lifecycle/engine.py), so its text is kept by the object's id together with the
+#: object, which keeps it alive (and its id unique) while cached.
 _MAX_CACHED_LINKS = 8192
-_link_prefix: dict[tuple[int, int], str] = {}
+_link_text: dict[int, tuple[Any, str]] = {}
 
 
-def _link_ids(ctx: Any) -> str:
-    key = (ctx.trace_id, ctx.span_id)
-    prefix = _link_prefix.get(key)
-    if prefix is None:
-        prefix = f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","attributes":'
-        if len(_link_prefix) >= _MAX_CACHED_LINKS:
-            _link_prefix.clear()  # old requests' links; the live ones come back on their next step
-        _link_prefix[key] = prefix
-    return prefix
+def _link(link: Any) -> str:
+    cached = _link_text.get(id(link))
+    if cached is not None and cached[0] is link:
+        return cached[1]
+    ctx = link.context
+    text = (f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","attributes":'
+            + attributes(link.attributes) + "}")
+    if len(_link_text) >= _MAX_CACHED_LINKS:
+        _link_text.clear()  # old requests' links; the live ones come back on their next step
+    _link_text[id(link)] = (link, text)
+    return text
 
 
 def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None = None) -> str:

@@ -152,7 +152,7 @@ class SdkFinishedSpans:
 
     # ------------------------------------------------------------ a request's spans, in one go
     def child(self, name: str, parent: SpanContext, start_ns: int, end_ns: int,
-              attributes: Mapping[str, Any] | None) -> ReadableSpan | None:
+              attributes: Mapping[str, Any] | None, links: Sequence[Link] = ()) -> ReadableSpan | None:
         """The finished child of *parent* that :meth:`open` then :meth:`close` would hand the processors,
         returned instead, for :meth:`end_all` (None: *parent* is not sampled, no child is recorded)."""
         if not parent.trace_flags.sampled:
@@ -163,8 +163,9 @@ class SdkFinishedSpans:
         else:
             context = SpanContext(parent.trace_id, self._ids.generate_span_id(), is_remote=False,
                                   trace_flags=TraceFlags(parent.trace_flags), trace_state=parent.trace_state)
-        return ReadableSpan(name, context, parent, self._resource, dict(attributes) if attributes else {}, (), (),
-                            _INTERNAL, None, _UNSET, start_ns, end_ns, self._scope)
+        return ReadableSpan(name, context, parent, self._resource, dict(attributes) if attributes else {}, (),
+                            tuple(links[:self._max_links]) if links else (), _INTERNAL, None, _UNSET, start_ns,
+                            end_ns, self._scope)
 
     def end_all(self, spans: Sequence[ReadableSpan]) -> None:
         """Hand finished *spans* to the processors: llmtrace's own export processors take them in one

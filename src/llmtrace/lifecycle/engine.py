@@ -368,14 +368,19 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
 
 
 def _links(step: StepRecord, limit: int) -> list[Link]:
-    links = []
-    step_id = step.step_id
-    for handle in step.handles[:limit]:
-        span = handle.span
-        ctx = span.get_span_context() if span is not None else _parent_span_context(handle)
-        if ctx.is_valid:
-            links.append(Link(ctx, {semconv.LLM_STEP_ID: step_id, semconv.LLM_REQUEST_ID: handle.request_id}))
-    return links
+    """The step's links to its requests' spans: each request's one link object, made on its first step."""
+    return [link for handle in step.handles[:limit] if (link := handle.step_link or _step_link(handle)) is not None]
+
+
+def _step_link(handle: RequestHandle) -> Link | None:
+    """A request's link from the steps it is in. Its only attribute is the request's id: the step's id
+    is the step span's own attribute, so a link per request serves every step (None: no valid context)."""
+    span = handle.span
+    ctx = span.get_span_context() if span is not None else _parent_span_context(handle)
+    if not ctx.is_valid:
+        return None
+    link = handle.step_link = Link(ctx, {semconv.LLM_REQUEST_ID: handle.request_id})
+    return link
 
 
 def _parent_span_context(handle: RequestHandle) -> trace.SpanContext:
@@ -385,8 +390,6 @@ def _parent_span_context(handle: RequestHandle) -> trace.SpanContext:
 
 @guarded("engine.window")
 def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) -> None:
-    from llmtrace._gpu_hook import span_attributes_for
-
     # The window closed a while after its forwards were launched: most CUDA events have
     # completed, and query() (never synchronize()) resolves them.
     gpu_timings = {t.key: t for t in forward_timer.resolve_ready()} if forward_timer is not None else {}
@@ -398,34 +401,15 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
         return
     spans = emit.current()
     offset = window.wall_offset_ns
-    max_links = _runtime.settings().max_links
     start, end = window.steps[0].start_ns, window.steps[-1].end_ns
     root = spans.open(semconv.SPAN_ENGINE, None, to_wall_ns(start, offset),
                       {semconv.LLM_ENGINE_ID: engine_id, semconv.LLM_ENGINE_WINDOW_STEPS: len(window.steps)})
     if root is None:
         return
     root_ctx = root.get_span_context()
-    pause = GilYield().maybe  # a window is tens of ms of work: let the engine thread in meanwhile
-    for step in window.steps:
-        pause()
-        attrs = _step_attributes(engine_id, step)
-        attrs.update(span_attributes_for(step.start_ns, step.end_ns))
-        span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns, offset), attrs,
-                          _links(step, max_links))
-        if span is None:
-            continue
-        step_ctx = span.get_span_context()
-        for name, p_start, p_end in step.phases:
-            phase_attrs: dict[str, Any] = {semconv.LLM_STEP_ID: step.step_id}
-            span_name = PHASE_NAMES.get(name, name)
-            if span_name == semconv.SPAN_FORWARD:
-                phase_attrs[semconv.LLM_ENGINE_ID] = engine_id
-                phase_attrs.update(span_attributes_for(p_start, p_end))
-                if (timing := gpu_timings.get(step.step_id)) is not None:
-                    phase_attrs.update(_gpu_timing_attributes(timing, offset))
-            if (child := spans.open(span_name, step_ctx, to_wall_ns(p_start, offset), phase_attrs)) is not None:
-                spans.close(child, to_wall_ns(p_end, offset))
-        spans.close(span, to_wall_ns(step.end_ns, offset))
+    assert root_ctx is not None  # an opened span has its context
+    steps = _steps_finished if isinstance(spans, emit.SdkFinishedSpans) else _steps_opened
+    steps(spans, engine_id, window, root_ctx, gpu_timings)  # type: ignore[arg-type]  # the SDK's: checked
     for g_start, g_end, generation, collected in window.gcs:
         gc_span = spans.open(semconv.SPAN_GC, root_ctx, to_wall_ns(g_start, offset),
                              {semconv.LLM_GC_GENERATION: generation, semconv.LLM_GC_COLLECTED: collected,
@@ -433,3 +417,71 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
         if gc_span is not None:
             spans.close(gc_span, to_wall_ns(g_end, offset))
     spans.close(root, to_wall_ns(max(end, *(g[1] for g in window.gcs)) if window.gcs else end, offset))
+
+
+def _phase_attributes(engine_id: str, step: StepRecord, span_name: str, p_start: int, p_end: int,
+                      gpu_timings: dict[int, Any], offset: int) -> dict[str, Any]:
+    from llmtrace._gpu_hook import span_attributes_for
+
+    attrs: dict[str, Any] = {semconv.LLM_STEP_ID: step.step_id}
+    if span_name == semconv.SPAN_FORWARD:
+        attrs[semconv.LLM_ENGINE_ID] = engine_id
+        attrs.update(span_attributes_for(p_start, p_end))
+        if (timing := gpu_timings.get(step.step_id)) is not None:
+            attrs.update(_gpu_timing_attributes(timing, offset))
+    return attrs
+
+
+def _full_step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
+    from llmtrace._gpu_hook import span_attributes_for
+
+    attrs = _step_attributes(engine_id, step)
+    attrs.update(span_attributes_for(step.start_ns, step.end_ns))
+    return attrs
+
+
+def _steps_finished(spans: emit.SdkFinishedSpans, engine_id: str, window: _Window, root_ctx: trace.SpanContext,
+                    gpu_timings: dict[int, Any]) -> None:
+    """The window's steps and phases with the SDK: each step's spans are built finished (every time
+    is known by now) and reach the export processors in one call."""
+    offset = window.wall_offset_ns
+    max_links = _runtime.settings().max_links
+    child, end_all = spans.child, spans.end_all
+    pause = GilYield().maybe  # a window is tens of ms of work: let the engine thread in meanwhile
+    for step in window.steps:
+        pause()
+        span = child(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns, offset),
+                     to_wall_ns(step.end_ns, offset), _full_step_attributes(engine_id, step), _links(step, max_links))
+        if span is None:
+            continue
+        done = []
+        step_ctx = span.context
+        for name, p_start, p_end in step.phases:
+            span_name = PHASE_NAMES.get(name, name)
+            phase = child(span_name, step_ctx, to_wall_ns(p_start, offset), to_wall_ns(p_end, offset),
+                          _phase_attributes(engine_id, step, span_name, p_start, p_end, gpu_timings, offset))
+            if phase is not None:
+                done.append(phase)
+        done.append(span)  # the order spans that end one by one arrive in: children first
+        end_all(done)
+
+
+def _steps_opened(spans: emit.FinishedSpans, engine_id: str, window: _Window, root_ctx: trace.SpanContext,
+                  gpu_timings: dict[int, Any]) -> None:
+    """The window's steps and phases through any tracer: opened and closed one by one."""
+    offset = window.wall_offset_ns
+    max_links = _runtime.settings().max_links
+    pause = GilYield().maybe
+    for step in window.steps:
+        pause()
+        span = spans.open(semconv.SPAN_STEP, root_ctx, to_wall_ns(step.start_ns, offset),
+                          _full_step_attributes(engine_id, step), _links(step, max_links))
+        if span is None:
+            continue
+        step_ctx = span.get_span_context()
+        for name, p_start, p_end in step.phases:
+            span_name = PHASE_NAMES.get(name, name)
+            phase_attrs = _phase_attributes(engine_id, step, span_name, p_start, p_end, gpu_timings, offset)
+            if (phase := spans.open(span_name, step_ctx, to_wall_ns(p_start, offset), phase_attrs)) is not None:
+                spans.close(phase, to_wall_ns(p_end, offset))
+        spans.close(span, to_wall_ns(step.end_ns, offset))

@@ -4,6 +4,12 @@ A carrier is a plain ``dict[str, str]`` (``traceparent``, ``tracestate``) that
 travels on the request message; reuse a field the engine already has (vLLM's
 ``trace_headers``) instead of adding one. A malformed carrier yields an empty
 context (a new root), logged once — never an exception into the engine.
+
+Both ends run once per request on a serving thread, sampled or not: the common carrier (a
+version-00 ``traceparent`` and no ``tracestate``) is written and read here directly, giving the
+context OpenTelemetry's W3C propagator would (``tests/core/test_propagation.py`` compares
+them); anything else goes through that propagator. Reading it with the propagator's regular
+expression was the largest llmtrace line on a traced engine process's serving thread.
 """
 
 from __future__ import annotations
@@ -17,13 +23,38 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from llmtrace._safety import warn_once
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_HEX = frozenset("0123456789abcdef")
+_ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 
 
 def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
-    """The carrier for *ctx* (default: the current context)."""
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=ctx)
+    """The carrier for *ctx* (default: the current context); empty when it holds no valid span."""
+    span_context = trace.get_current_span(ctx).get_span_context()
+    if not span_context.is_valid:
+        return {}
+    carrier = {"traceparent": f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+                              f"{span_context.trace_flags:02x}"}
+    if span_context.trace_state:
+        carrier["tracestate"] = span_context.trace_state.to_header()
     return carrier
+
+
+def _plain_traceparent(carrier: Mapping[str, str]) -> otel_context.Context | None:
+    """The context of a carrier holding only a well-formed version-00 ``traceparent`` (None: any
+    other carrier, left to the propagator)."""
+    if "tracestate" in carrier:
+        return None
+    header = carrier.get("traceparent")
+    if (type(header) is not str or len(header) != 55 or header[:3] != "00-" or header[35] != "-"
+            or header[52] != "-"):
+        return None
+    trace_hex, span_hex, flags_hex = header[3:35], header[36:52], header[53:]
+    if (not _HEX.issuperset(trace_hex) or not _HEX.issuperset(span_hex) or not _HEX.issuperset(flags_hex)
+            or trace_hex == _ZERO_TRACE_ID or span_hex == _ZERO_SPAN_ID):
+        return None
+    span_context = trace.SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
+                                     trace_flags=trace.TraceFlags(int(flags_hex, 16)))
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context), otel_context.Context())
 
 
 def extract(carrier: Mapping[str, str] | str | None) -> otel_context.Context:
@@ -34,6 +65,8 @@ def extract(carrier: Mapping[str, str] | str | None) -> otel_context.Context:
         return otel_context.Context()
     if isinstance(carrier, str):
         carrier = {"traceparent": carrier}
+    if type(carrier) is dict and (plain := _plain_traceparent(carrier)) is not None:
+        return plain
     try:
         ctx = _PROPAGATOR.extract(dict(carrier), context=otel_context.Context())
     except Exception:  # noqa: BLE001 - a foreign carrier is untrusted input (not even a mapping, maybe)

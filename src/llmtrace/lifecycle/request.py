@@ -85,6 +85,7 @@ class RequestHandle:
         "scheduled_ns",
         "span",
         "spec_decode",
+        "step_link",
         "step_records",
         "steps",
         "summary_in",
@@ -124,6 +125,9 @@ class RequestHandle:
         self.scheduled_ns: list[int] = []
         self.steps: list[int] = []
         self.step_records: list[Any] = []  # StepRecords, only with GPU energy accounting
+        #: The link every ``llm.step`` of this request carries to it: made once, by the span builder
+        #: (a request is in hundreds of steps, and one object lets the encoder write it once too).
+        self.step_link: Any = None
         self.token_ns: list[int] = []
         #: True while the request waits for a step: its next ``scheduled`` starts a run (the
         #: engine loop reads this one flag per request per step, not two list lengths).
