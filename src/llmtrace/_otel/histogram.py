@@ -116,8 +116,10 @@ class AggregatedHistogram:
                 point.counts[bisect_left(bounds, value)] += 1
                 point.count += 1
                 point.sum += value
-                point.min = min(point.min, value)
-                point.max = max(point.max, value)
+                if value < point.min:  # comparisons, not min()/max(): two calls per measurement saved
+                    point.min = value
+                if value > point.max:
+                    point.max = value
 
     def metric(self, now_ns: int) -> Metric | None:
         """The cumulative points so far, as the SDK would export them; None before any record."""

@@ -57,8 +57,17 @@ def any_value(value: Any) -> str:
     if kind is bool:
         return '{"boolValue":true}' if value else '{"boolValue":false}'
     if kind is list or kind is tuple:  # before _other_value's ABC checks: a step's request ids, finish reasons
-        return '{"arrayValue":{"values":[' + ",".join(map(any_value, value)) + "]}}"
+        return _array(value)
     return _other_value(value)
+
+
+def _array(values: list[Any] | tuple[Any, ...]) -> str:
+    if values:
+        try:  # all strings (a step's request ids): one join, no call per item; the quoting refuses anything else
+            return '{"arrayValue":{"values":[{"stringValue":' + '},{"stringValue":'.join(map(_quote, values)) + "}]}}"
+        except TypeError:
+            pass
+    return '{"arrayValue":{"values":[' + ",".join(map(any_value, values)) + "]}}"
 
 
 def _other_value(value: Any) -> str:

@@ -44,7 +44,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from llmtrace import _runtime, semconv
-from llmtrace._gpu_hook import energy_available
+from llmtrace._gpu_hook import energy_available, span_attributes_for
 from llmtrace._otel.gil import GilYield
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
@@ -421,8 +421,6 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
 
 def _phase_attributes(engine_id: str, step: StepRecord, span_name: str, p_start: int, p_end: int,
                       gpu_timings: dict[int, Any], offset: int) -> dict[str, Any]:
-    from llmtrace._gpu_hook import span_attributes_for
-
     attrs: dict[str, Any] = {semconv.LLM_STEP_ID: step.step_id}
     if span_name == semconv.SPAN_FORWARD:
         attrs[semconv.LLM_ENGINE_ID] = engine_id
@@ -433,8 +431,6 @@ def _phase_attributes(engine_id: str, step: StepRecord, span_name: str, p_start:
 
 
 def _full_step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
-    from llmtrace._gpu_hook import span_attributes_for
-
     attrs = _step_attributes(engine_id, step)
     attrs.update(span_attributes_for(step.start_ns, step.end_ns))
     return attrs

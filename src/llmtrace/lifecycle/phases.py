@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from llmtrace import semconv
+from llmtrace._gpu_hook import span_attributes_for
 from llmtrace.config import Settings
 from llmtrace.lifecycle.clock import to_wall_ns
 from llmtrace.lifecycle.emit import FinishedSpans, SdkFinishedSpans
@@ -208,8 +209,6 @@ class _Children:
 
 
 def _gpu_attributes(rec: RequestHandle) -> dict[str, Any]:
-    from llmtrace._gpu_hook import span_attributes_for
-
     return span_attributes_for(rec.arrival_ns, rec.finish_ns or rec.arrival_ns)
 
 
