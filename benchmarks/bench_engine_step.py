@@ -7,6 +7,7 @@ loop without them, in thread CPU time. Both ways of timing phases are measured:
 thread, when the window closes) is reported separately.
 
     python benchmarks/bench_engine_step.py [--steps 2000] [--batch 16] [--repeat 5]
+    python benchmarks/bench_engine_step.py --threads [--steps 4000] [--batch 16] [--repeat 3]
 
 Each repeat times the bare loop and the traced loop back to back; the reported cost is
 the median of the per-repeat differences (the spread is printed: this is a shared VM).
@@ -97,10 +98,16 @@ def main() -> None:
                              "the batch about every L/B steps")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per step under valgrind instead (stable on a noisy host; slow)")
+    parser.add_argument("--threads", action="store_true",
+                        help="measure llmtrace's own threads instead: the span builder's and the file exporter's CPU "
+                             "per step (windows of 200 steps written as OTLP/JSON, every window sampled)")
     parser.add_argument("--loop-only", choices=("with", "mark"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.instructions:
         count_instructions(args.batch, args.churn)
+        return
+    if args.threads:
+        threads_per_step(args.steps, args.batch, args.repeat)
         return
     import llmtrace
 
@@ -122,6 +129,31 @@ def main() -> None:
         print(f"engine thread, batch {args.batch}, churn {args.churn or 'none'}, phases by {style}: "
               f"{statistics.median(costs):.2f} µs CPU per "
               f"step for tracing (budget 20 µs; median of {args.repeat}, range {costs[0]:.2f}-{costs[-1]:.2f})")
+
+
+def threads_per_step(steps: int, batch: int, repeat: int) -> None:
+    """CPU per step of llmtrace's span builder and file exporter (``llmtrace.overhead_cpu_s()``, measured
+    by those threads themselves): the engine step's cost off the engine's path, export included."""
+    import tempfile
+
+    import llmtrace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["LLMTRACE_QUIET"] = "1"
+        llmtrace.instrument(exporter=f"file:{os.path.join(tmp, 'spans.jsonl')}", metrics=False, gpu="off",
+                            engine_window_steps=200, engine_window_s=3600)
+        runs = []
+        for _ in range(repeat + 1):  # the first: warm-up (imports, first-call caches)
+            before = llmtrace.overhead_cpu_s()
+            run(steps, batch, traced=True, marks=True)
+            llmtrace.flush(600)
+            after = llmtrace.overhead_cpu_s()
+            runs.append({worker: (after[worker] - before[worker]) / steps * 1e6 for worker in after})
+        llmtrace.shutdown()
+    for worker in ("span_builder", "exporter"):
+        values = sorted(r[worker] for r in runs[1:])
+        print(f"batch {batch}: {worker} {statistics.median(values):.1f} µs CPU per step "
+              f"(a step, four phases, {batch} links; median of {repeat}, range {values[0]:.1f}-{values[-1]:.1f})")
 
 
 def count_instructions(batch: int, churn: int) -> None:
