@@ -180,6 +180,8 @@ def start(python: str, model: Path, env: dict[str, str], log: Path) -> tuple[sub
             with urllib.request.urlopen(base + "/health", timeout=2) as response:
                 if response.status == 200:
                     return process, base
+        except urllib.error.HTTPError as error:  # not healthy yet: an answer, whose connection is closed here
+            error.close()
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(1.0)
