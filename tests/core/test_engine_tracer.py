@@ -351,3 +351,47 @@ def test_a_second_batch_call_in_one_step_adds_its_requests(runtime_with: Install
     assert (2, 1) == (len(a.token_ns), len(b.token_ns))
     _step(engine, ["a"])
     assert [0, 1, 2] == a.steps and 3 == len(a.token_ns)
+
+
+def test_a_windows_spans_are_the_same_through_the_sdk_and_through_any_tracer(
+        runtime_with: InstallRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's fast path (spans built finished, handed over per step) and the tracer-API path a
+    vendor tracer gets emit the same window: names, parents, times, attributes and links."""
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from llmtrace._otel.providers import LLMTraceSampler
+    from llmtrace.lifecycle import emit
+    from llmtrace.lifecycle import engine as engine_module
+
+    runtime_with(engine_window_steps=100)
+    engine = EngineTracer("dp0")
+    ids = ["r0", "r1"]
+    for rid in ids:
+        engine.tracker.add(rid)
+    _run_steps(engine, ids, 3)
+    window, engine._window = engine._window, None  # closed: a collection while building adds no llm.gc to it
+    assert window is not None
+
+    def emitted(make: type[emit.SdkFinishedSpans] | type[emit.ApiFinishedSpans]) -> list[tuple[object, ...]]:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=LLMTraceSampler(1.0))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        spans = make(provider.get_tracer("llmtrace"))  # type: ignore[arg-type]
+        monkeypatch.setattr(emit, "current", lambda: spans)
+        engine_module._build_window("dp0", window)
+        finished: list[ReadableSpan] = list(exporter.get_finished_spans())
+        names = {s.context.span_id: s.name for s in finished}
+        # (The SDK's live span freezes a list value into a tuple; both encode to the same OTLP array.)
+        return [(s.name, names.get(s.parent.span_id) if s.parent else None, s.start_time, s.end_time,
+                 {k: tuple(v) if isinstance(v, list) else v for k, v in (s.attributes or {}).items()},
+                 [(link.context.span_id, dict(link.attributes or {})) for link in s.links])
+                for s in finished]
+
+    fast, api = emitted(emit.SdkFinishedSpans), emitted(emit.ApiFinishedSpans)
+    # The window, and per step the step, its schedule and its forward (and any llm.gc the collector ran).
+    assert 1 + 3 * 3 == len([span for span in fast if span[0] != semconv.SPAN_GC])
+    assert api == fast
+    for rid in ids:
+        engine.tracker.finished(rid)

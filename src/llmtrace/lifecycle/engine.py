@@ -407,9 +407,12 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
     if root is None:
         return
     root_ctx = root.get_span_context()
-    assert root_ctx is not None  # an opened span has its context
-    steps = _steps_finished if isinstance(spans, emit.SdkFinishedSpans) else _steps_opened
-    steps(spans, engine_id, window, root_ctx, gpu_timings)  # type: ignore[arg-type]  # the SDK's: checked
+    if root_ctx is None:  # not a span this module can parent on (no tracer made one so far)
+        return
+    if isinstance(spans, emit.SdkFinishedSpans):
+        _steps_finished(spans, engine_id, window, root_ctx, gpu_timings)
+    else:
+        _steps_opened(spans, engine_id, window, root_ctx, gpu_timings)
     for g_start, g_end, generation, collected in window.gcs:
         gc_span = spans.open(semconv.SPAN_GC, root_ctx, to_wall_ns(g_start, offset),
                              {semconv.LLM_GC_GENERATION: generation, semconv.LLM_GC_COLLECTED: collected,
