@@ -22,8 +22,8 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use py::{code_points, contains, get, push_format_escaped, push_str_escaped, str_of, Json};
 use text::{
-    push_ascii_escaped, push_ascii_escaped_code_points, push_i128,
-    push_msgspec_f64, push_repr_f64, push_us,
+    push_ascii_escaped, push_ascii_escaped_code_points, push_i128, push_msgspec_f64, push_repr_f64,
+    push_us,
 };
 
 // Span roles: bits of the flags Python hands in per span name.
@@ -244,7 +244,11 @@ impl ChromeTraceEvents {
 
     /// `(spans, flows, counters, processes, engines, unparented, adjusted, origin_ns)`.
     fn stats(&self) -> (u64, u64, u64, usize, usize, u64, u64, Option<i128>) {
-        let engines = self.engines.keys().filter(|(_, _, windows)| !windows).count();
+        let engines = self
+            .engines
+            .keys()
+            .filter(|(_, _, windows)| !windows)
+            .count();
         (
             self.spans,
             self.flows,
@@ -299,7 +303,11 @@ impl ChromeTraceEvents {
             obj,
             trace: string(&f[0], "trace_id")?,
             id: string(&f[1], "span_id")?,
-            parent: if f[2].is_none() { None } else { Some(string(&f[2], "parent_id")?) },
+            parent: if f[2].is_none() {
+                None
+            } else {
+                Some(string(&f[2], "parent_id")?)
+            },
             name_obj,
             role: self.roles.get(name).copied().unwrap_or(0),
             start: time(&f[4])?,
@@ -372,7 +380,11 @@ impl ChromeTraceEvents {
         self.place_on(&s, track)
     }
 
-    fn phase_within(&mut self, phase: &mut S<'_, '_>, parent: &Bound<'_, PyString>) -> PyResult<()> {
+    fn phase_within(
+        &mut self,
+        phase: &mut S<'_, '_>,
+        parent: &Bound<'_, PyString>,
+    ) -> PyResult<()> {
         let parent = id_text(parent);
         if let Some(&end) = self.request_ends.get(&parent) {
             if phase.end > end {
@@ -633,9 +645,9 @@ impl ChromeTraceEvents {
         if let Ok(text) = id.to_str() {
             let tail = &text.as_bytes()[text.len().saturating_sub(8)..];
             if !tail.is_empty() && text.is_ascii() && tail.iter().all(u8::is_ascii_hexdigit) {
-                let v = tail
-                    .iter()
-                    .fold(0u32, |acc, &b| (acc << 4) | (b as char).to_digit(16).unwrap_or(0));
+                let v = tail.iter().fold(0u32, |acc, &b| {
+                    (acc << 4) | (b as char).to_digit(16).unwrap_or(0)
+                });
                 let v = i64::from(v & 0x7FFF_FFFF);
                 return Ok(if v > 1024 { v } else { v + 1024 });
             }
@@ -703,7 +715,11 @@ impl ChromeTraceEvents {
             }
             (Some(v), None) | (None, Some(v)) => {
                 counter_head(o, b" queue");
-                o.extend_from_slice(if running.is_some() { b"\"running\":" } else { b"\"waiting\":" });
+                o.extend_from_slice(if running.is_some() {
+                    b"\"running\":"
+                } else {
+                    b"\"waiting\":"
+                });
                 push_msgspec_f64(o, v);
                 o.extend_from_slice(b"}}");
                 self.counters += 1;
@@ -737,13 +753,17 @@ impl ChromeTraceEvents {
             let rtid = self.track_of(string(&lt.get_item(1)?, "link span_id")?)?;
             fid += 1;
             let o = &mut self.out;
-            o.extend_from_slice(b",\n{\"ph\":\"s\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":");
+            o.extend_from_slice(
+                b",\n{\"ph\":\"s\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":",
+            );
             push_i128(o, i128::from(fid));
             o.extend_from_slice(b",\"ts\":");
             push_us(o, start);
             o.extend_from_slice(b",\"pid\":1,\"tid\":");
             push_i128(o, i128::from(rtid));
-            o.extend_from_slice(b"},\n{\"ph\":\"f\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":");
+            o.extend_from_slice(
+                b"},\n{\"ph\":\"f\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":",
+            );
             push_i128(o, i128::from(fid));
             o.extend_from_slice(b",\"ts\":");
             push_us(o, end);

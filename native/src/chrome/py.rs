@@ -7,9 +7,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
 
-use super::text::{
-    push_ascii_escaped_code_points, push_i128, push_msgspec_f64, push_utf8_quoted,
-};
+use super::text::{push_ascii_escaped_code_points, push_i128, push_msgspec_f64, push_utf8_quoted};
 
 /// The code points of a Python string (a lone surrogate included), the first `limit`.
 pub(crate) fn code_points<'a>(

@@ -4,8 +4,6 @@
 //! (msgspec's for attribute values, Python's `repr` for the queue and KV counters) and the
 //! exact microsecond timestamps.
 
-use std::io::Write;
-
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// `s` escaped as `json.dumps(s)` escapes it (`ensure_ascii`), without the quotes.
@@ -17,7 +15,10 @@ pub(crate) fn push_ascii_escaped(out: &mut Vec<u8>, s: &str) {
 /// quotes: `"` and `\` and the short escapes, every other code point outside space..`~` as
 /// `\uXXXX` (UTF-16 surrogate pairs above the BMP; a lone surrogate, which a Python string
 /// may hold, as itself).
-pub(crate) fn push_ascii_escaped_code_points(out: &mut Vec<u8>, code_points: impl Iterator<Item = u32>) {
+pub(crate) fn push_ascii_escaped_code_points(
+    out: &mut Vec<u8>,
+    code_points: impl Iterator<Item = u32>,
+) {
     for c in code_points {
         match c {
             0x22 => out.extend_from_slice(b"\\\""),
@@ -112,29 +113,42 @@ pub(crate) fn push_us(out: &mut Vec<u8>, ns: i128) {
 }
 
 /// The shortest decimal digits that read back as `x` (finite, not zero, sign ignored) and
-/// the position of the decimal point: `x = 0.DIGITS * 10^point`. Rust's `{:e}` gives the
-/// shortest round-trip digits, as Python's `repr` and msgspec's ryu do.
+/// the position of the decimal point: `x = 0.DIGITS * 10^point`. From ryu, as msgspec's
+/// own ryu and Python's `repr` choose them (on an exact tie, the even digit).
 fn shortest(x: f64) -> ([u8; 24], usize, i32) {
-    let mut text = [0u8; 32];
-    let mut cursor = std::io::Cursor::new(&mut text[..]);
-    // A finite double in `{:e}` form is at most 24 bytes ("-1.2345678901234567e-308").
-    write!(cursor, "{:e}", x.abs()).expect("a double's {:e} fits 32 bytes");
-    let len = cursor.position() as usize;
-    let text = &text[..len];
-    let e = text.iter().position(|&b| b == b'e').expect("{:e} has an exponent");
-    let exp: i32 = std::str::from_utf8(&text[e + 1..])
-        .expect("ASCII")
-        .parse()
-        .expect("{:e}'s exponent is an integer");
+    let mut buffer = ryu::Buffer::new();
+    let text = buffer.format_finite(x.abs()).as_bytes();
+    let (mantissa, exp) = match text.iter().position(|&b| b == b'e') {
+        Some(e) => {
+            let exp = std::str::from_utf8(&text[e + 1..])
+                .ok()
+                .and_then(|t| t.parse::<i32>().ok())
+                .unwrap_or(0);
+            (&text[..e], exp)
+        }
+        None => (text, 0),
+    };
     let mut digits = [0u8; 24];
     let mut n = 0;
-    for &b in &text[..e] {
-        if b != b'.' {
+    let mut point = None;
+    let mut lead = 0; // leading zeros after the point (0.0001 -> 3)
+    for &b in mantissa {
+        if b == b'.' {
+            point = Some(n as i32);
+        } else if n == 0 && b == b'0' {
+            if point.is_some() {
+                lead += 1;
+            }
+        } else if n < digits.len() {
             digits[n] = b;
             n += 1;
         }
     }
-    (digits, n, exp + 1)
+    let point = point.unwrap_or(n as i32);
+    while n > 1 && digits[n - 1] == b'0' {
+        n -= 1; // "100.0" -> digits 1, point 3
+    }
+    (digits, n, point - lead + exp)
 }
 
 /// A double as msgspec's JSON encoder writes it (`msgspec/ryu.h`, `format_double`):
@@ -290,9 +304,6 @@ mod tests {
     fn microseconds_keep_every_digit() {
         assert_eq!("1.005", text(|o| push_us(o, 1005)));
         assert_eq!("-0.002", text(|o| push_us(o, -2)));
-        assert_eq!(
-            "18446744073709551.616",
-            text(|o| push_us(o, 1i128 << 64))
-        );
+        assert_eq!("18446744073709551.616", text(|o| push_us(o, 1i128 << 64)));
     }
 }
