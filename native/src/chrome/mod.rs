@@ -3,16 +3,18 @@
 //! bounded state, decided in the same order, so that the text is the same byte for byte;
 //! `tests/analysis/test_perfetto_native.py` exports the same spans through both.
 //!
-//! Python keeps the names: span names come in as role flags (`perfetto._ROLES`) and
-//! attribute keys as a list (`perfetto._NATIVE_KEYS`), so no `llmtrace.semconv` name is
+//! Python keeps the names: span names come in as role bits (`_perfetto_native.ROLES`) and
+//! attribute keys as a list (`_perfetto_native.KEYS`), so no `llmtrace.semconv` name is
 //! written here. What this module does not know how to write the same way (an attribute
 //! value of another type, a hand-made id that is not hex) it hands to the Python function
 //! the reference uses.
 
+mod events;
 mod py;
 mod text;
+mod tracks;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -20,11 +22,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple};
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use py::{code_points, contains, get, push_format_escaped, push_str_escaped, str_of, Json};
-use text::{
-    push_ascii_escaped, push_ascii_escaped_code_points, push_i128, push_msgspec_f64, push_repr_f64,
-    push_us,
-};
+use py::{code_points, contains, get, push_format_escaped, str_of};
+use text::push_ascii_escaped_code_points;
+use tracks::Pending;
 
 // Span roles: bits of the flags Python hands in per span name.
 const REQUEST: u8 = 1;
@@ -99,43 +99,6 @@ fn time(o: &Bound<'_, PyAny>) -> PyResult<i128> {
 /// The ids a span's key and its pending children's are compared by.
 fn id_text(s: &Bound<'_, PyString>) -> String {
     s.to_string_lossy().into_owned()
-}
-
-/// An insertion-ordered map whose oldest entries go first (`OrderedDict.popitem(last=False)`),
-/// with removal anywhere (`OrderedDict.pop`).
-#[derive(Default)]
-struct Pending {
-    by_parent: FxHashMap<String, (u64, Vec<Py<PyAny>>)>,
-    order: BTreeMap<u64, String>,
-    next: u64,
-    count: usize,
-}
-
-impl Pending {
-    fn push(&mut self, parent: String, span: Py<PyAny>) {
-        self.count += 1;
-        if let Some((_, list)) = self.by_parent.get_mut(&parent) {
-            list.push(span);
-            return;
-        }
-        self.order.insert(self.next, parent.clone());
-        self.by_parent.insert(parent, (self.next, vec![span]));
-        self.next += 1;
-    }
-
-    fn take(&mut self, parent: &str) -> Option<Vec<Py<PyAny>>> {
-        let (seq, list) = self.by_parent.remove(parent)?;
-        self.order.remove(&seq);
-        self.count -= list.len();
-        Some(list)
-    }
-
-    fn pop_oldest(&mut self) -> Option<Vec<Py<PyAny>>> {
-        let (_, parent) = self.order.pop_first()?;
-        let (_, list) = self.by_parent.remove(&parent)?;
-        self.count -= list.len();
-        Some(list)
-    }
 }
 
 /// The compiled Chrome trace writer (`llmtrace_native.ChromeTraceEvents`).
@@ -481,343 +444,6 @@ impl ChromeTraceEvents {
         {
             self.gpu_counter(s, pid)?;
         }
-        Ok(())
-    }
-
-    /// Nanoseconds from the origin, fixed by the first time asked for.
-    fn rel(&mut self, ns: i128) -> i128 {
-        let origin = *self.origin.get_or_insert_with(|| {
-            (ns.div_euclid(1_000_000_000) - self.origin_lead_s) * 1_000_000_000
-        });
-        ns - origin
-    }
-
-    fn slice(&mut self, s: &S<'_, '_>, pid: i64, tid: i64) -> PyResult<()> {
-        let d = self.rel(s.start);
-        let dur = (s.end - s.start).max(0);
-        let o = &mut self.out;
-        o.extend_from_slice(b",\n{\"ph\":\"X\",\"name\":\"");
-        push_ascii_escaped_code_points(o, code_points(s.name_obj, usize::MAX));
-        o.extend_from_slice(b"\",\"cat\":\"llmtrace\",\"ts\":");
-        push_us(o, d);
-        o.extend_from_slice(b",\"dur\":");
-        push_us(o, dur);
-        o.extend_from_slice(b",\"pid\":");
-        push_i128(o, i128::from(pid));
-        o.extend_from_slice(b",\"tid\":");
-        push_i128(o, i128::from(tid));
-        o.extend_from_slice(b",\"args\":{\"span_id\":\"");
-        o.extend_from_slice(s.id.to_str()?.as_bytes());
-        o.push(b'"');
-        if !self.args {
-            o.extend_from_slice(b"}}");
-            return Ok(());
-        }
-        o.extend_from_slice(b",\"trace_id\":\"");
-        o.extend_from_slice(s.trace.to_str()?.as_bytes());
-        o.push(b'"');
-        if s.attrs.is_truthy()? {
-            o.push(b',');
-            let encode = self.encode.bind(s.obj.py());
-            Json { encode }.members(o, &s.attrs)?;
-            o.push(b'}');
-        } else {
-            o.extend_from_slice(b"}}");
-        }
-        Ok(())
-    }
-
-    fn process(&mut self, s: &S<'_, '_>) -> PyResult<i64> {
-        let py = s.obj.py();
-        if let Some(last) = &self.last_resource {
-            if last.as_ptr() == s.resource.as_ptr() && s.resource.is_truthy()? {
-                return Ok(self.last_pid);
-            }
-        }
-        let proc = not_none(get(s.resource, self.key(py, K_PID))?);
-        let host = match get(s.resource, self.key(py, K_HOST))? {
-            Some(h) => str_of(&h)?.into_owned(),
-            None => String::new(),
-        };
-        let key = (
-            str_of(s.service)?.into_owned(),
-            match &proc {
-                Some(p) => str_of(p)?.into_owned(),
-                None => String::new(),
-            },
-            host,
-        );
-        let pid = match self.processes.get(&key) {
-            Some(&pid) => pid,
-            None => {
-                let pid = REQUESTS_PID + 1 + self.processes.len() as i64;
-                self.processes.insert(key, pid);
-                let mut label = Vec::new();
-                if s.service.is_truthy()? {
-                    push_format_escaped(&mut label, s.service)?;
-                } else {
-                    label.extend_from_slice(b"unknown service");
-                }
-                if let Some(role) = get(s.resource, self.key(py, K_ROLE))? {
-                    if role.is_truthy()? {
-                        label.extend_from_slice(b" [");
-                        push_format_escaped(&mut label, &role)?;
-                        label.push(b']');
-                    }
-                }
-                if let Some(p) = &proc {
-                    label.extend_from_slice(b" (pid ");
-                    push_format_escaped(&mut label, p)?;
-                    label.push(b')');
-                }
-                let o = &mut self.out;
-                o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":");
-                push_i128(o, i128::from(pid));
-                o.extend_from_slice(b",\"tid\":0,\"args\":{\"name\":\"");
-                o.extend_from_slice(&label);
-                o.extend_from_slice(b"\"}}");
-                pid
-            }
-        };
-        self.last_resource = Some(s.resource.clone().unbind());
-        self.last_pid = pid;
-        Ok(pid)
-    }
-
-    fn engine_track(&mut self, pid: i64, engine: &str, windows: bool) -> i64 {
-        let key = (pid, engine.to_owned(), windows);
-        if let Some(&tid) = self.engines.get(&key) {
-            return tid;
-        }
-        let tid = 1 + self.engines.len() as i64;
-        self.engines.insert(key, tid);
-        let mut label = b"engine ".to_vec();
-        push_ascii_escaped(&mut label, engine);
-        if windows {
-            label.extend_from_slice(b" windows");
-        }
-        self.name_track_escaped(pid, tid, &label, Some(2 * tid + i64::from(windows)));
-        tid
-    }
-
-    fn trace_track(&mut self, s: &S<'_, '_>) -> PyResult<Track> {
-        let pid = self.process(s)?;
-        let tid = self.track_of(s.trace)?;
-        let mut label = b"trace ".to_vec();
-        push_ascii_escaped_code_points(&mut label, code_points(s.trace, 8));
-        self.name_track_escaped(pid, tid, &label, Some(100_000));
-        Ok((pid, tid))
-    }
-
-    /// A thread's name (already escaped), once per track while it is remembered.
-    fn name_track_escaped(&mut self, pid: i64, tid: i64, label: &[u8], sort_index: Option<i64>) {
-        if !self.named.insert((pid, tid)) {
-            return;
-        }
-        self.named_order.push_back((pid, tid));
-        if self.named.len() > self.track_cache {
-            if let Some(oldest) = self.named_order.pop_front() {
-                self.named.remove(&oldest);
-            }
-        }
-        let o = &mut self.out;
-        o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
-        push_i128(o, i128::from(pid));
-        o.extend_from_slice(b",\"tid\":");
-        push_i128(o, i128::from(tid));
-        o.extend_from_slice(b",\"args\":{\"name\":\"");
-        o.extend_from_slice(label);
-        o.extend_from_slice(b"\"}}");
-        if let Some(index) = sort_index {
-            o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":");
-            push_i128(o, i128::from(pid));
-            o.extend_from_slice(b",\"tid\":");
-            push_i128(o, i128::from(tid));
-            o.extend_from_slice(b",\"args\":{\"sort_index\":");
-            push_i128(o, i128::from(index));
-            o.extend_from_slice(b"}}");
-        }
-    }
-
-    /// `perfetto.track_id`: the last 8 hex digits, 31 bits, above 1024; anything but plain
-    /// hex digits is left to the Python function.
-    fn track_of(&self, id: &Bound<'_, PyString>) -> PyResult<i64> {
-        if let Ok(text) = id.to_str() {
-            let tail = &text.as_bytes()[text.len().saturating_sub(8)..];
-            if !tail.is_empty() && text.is_ascii() && tail.iter().all(u8::is_ascii_hexdigit) {
-                let v = tail.iter().fold(0u32, |acc, &b| {
-                    (acc << 4) | (b as char).to_digit(16).unwrap_or(0)
-                });
-                let v = i64::from(v & 0x7FFF_FFFF);
-                return Ok(if v > 1024 { v } else { v + 1024 });
-            }
-        }
-        self.track_id.bind(id.py()).call1((id,))?.extract()
-    }
-
-    /// `perfetto.finite_number(value)`: exact floats and ints read here, the rest by it.
-    fn finite(&self, v: Option<Bound<'_, PyAny>>) -> PyResult<Option<f64>> {
-        let Some(v) = v else { return Ok(None) };
-        let p = v.as_ptr();
-        // SAFETY: `p` is live; the checks read its type only.
-        if unsafe { ffi::PyFloat_CheckExact(p) } != 0 {
-            // SAFETY: `p` is an exact float.
-            let x = unsafe { ffi::PyFloat_AS_DOUBLE(p) };
-            return Ok((-1e300 < x && x < 1e300).then_some(x));
-        }
-        // SAFETY: as above.
-        if unsafe { ffi::PyLong_CheckExact(p) } != 0 {
-            let mut overflow = 0;
-            // SAFETY: `p` is an exact int; overflow is reported, not raised.
-            let n = unsafe { ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
-            if overflow == 0 {
-                return Ok(Some(n as f64)); // as float(n): round half to even
-            }
-        }
-        self.finite.bind(v.py()).call1((v,))?.extract()
-    }
-
-    fn step_extras(&mut self, s: &S<'_, '_>, pid: i64, tid: i64) -> PyResult<()> {
-        let py = s.obj.py();
-        let ts = self.rel(s.start);
-        if !self.engine_names.contains_key(&tid) {
-            let mut name = Vec::new();
-            match get(&s.attrs, self.key(py, K_ENGINE_ID))? {
-                Some(e) => push_str_escaped(&mut name, &e, usize::MAX)?,
-                None => push_i128(&mut name, i128::from(tid)),
-            }
-            self.engine_names.insert(tid, name);
-        }
-        let running = self.finite(get(&s.attrs, self.key(py, K_RUNNING))?)?;
-        let waiting = self.finite(get(&s.attrs, self.key(py, K_WAITING))?)?;
-        let kv = self.finite(get(&s.attrs, self.key(py, K_KV))?)?;
-        let engine = &self.engine_names[&tid];
-        let o = &mut self.out;
-        let counter_head = |o: &mut Vec<u8>, what: &[u8]| {
-            o.extend_from_slice(b",\n{\"ph\":\"C\",\"name\":\"");
-            o.extend_from_slice(engine);
-            o.extend_from_slice(what);
-            o.extend_from_slice(b"\",\"ts\":");
-            push_us(o, ts);
-            o.extend_from_slice(b",\"pid\":");
-            push_i128(o, i128::from(pid));
-            o.extend_from_slice(b",\"args\":{");
-        };
-        match (running, waiting) {
-            (Some(r), Some(w)) => {
-                counter_head(o, b" queue");
-                o.extend_from_slice(b"\"running\":");
-                push_repr_f64(o, r);
-                o.extend_from_slice(b",\"waiting\":");
-                push_repr_f64(o, w);
-                o.extend_from_slice(b"}}");
-                self.counters += 1;
-            }
-            (Some(v), None) | (None, Some(v)) => {
-                counter_head(o, b" queue");
-                o.extend_from_slice(if running.is_some() {
-                    b"\"running\":"
-                } else {
-                    b"\"waiting\":"
-                });
-                push_msgspec_f64(o, v);
-                o.extend_from_slice(b"}}");
-                self.counters += 1;
-            }
-            (None, None) => {}
-        }
-        if let Some(kv) = kv {
-            counter_head(o, b" kv cache");
-            o.extend_from_slice(b"\"usage\":");
-            push_repr_f64(o, kv);
-            o.extend_from_slice(b"}}");
-            self.counters += 1;
-        }
-        self.flows_of(s, pid, tid)
-    }
-
-    /// A flow from each request the step served to the step (see the reference's comment
-    /// on how Perfetto binds them: the times are chosen).
-    fn flows_of(&mut self, s: &S<'_, '_>, pid: i64, tid: i64) -> PyResult<()> {
-        if !s.links.is_truthy()? {
-            return Ok(());
-        }
-        let start = self.rel(s.start - 2);
-        let end = self.rel(s.start - 1);
-        let mut fid = self.flows;
-        for link in s.links.try_iter()? {
-            let link = link?;
-            let lt = link
-                .cast::<PyTuple>()
-                .map_err(|_| PyTypeError::new_err("links must be Link named tuples"))?;
-            let rtid = self.track_of(string(&lt.get_item(1)?, "link span_id")?)?;
-            fid += 1;
-            let o = &mut self.out;
-            o.extend_from_slice(
-                b",\n{\"ph\":\"s\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":",
-            );
-            push_i128(o, i128::from(fid));
-            o.extend_from_slice(b",\"ts\":");
-            push_us(o, start);
-            o.extend_from_slice(b",\"pid\":1,\"tid\":");
-            push_i128(o, i128::from(rtid));
-            o.extend_from_slice(
-                b"},\n{\"ph\":\"f\",\"name\":\"batch\",\"cat\":\"llmtrace\",\"id\":",
-            );
-            push_i128(o, i128::from(fid));
-            o.extend_from_slice(b",\"ts\":");
-            push_us(o, end);
-            o.extend_from_slice(b",\"pid\":");
-            push_i128(o, i128::from(pid));
-            o.extend_from_slice(b",\"tid\":");
-            push_i128(o, i128::from(tid));
-            o.push(b'}');
-        }
-        self.flows = fid;
-        Ok(())
-    }
-
-    fn gpu_counter(&mut self, s: &S<'_, '_>, pid: i64) -> PyResult<()> {
-        let py = s.obj.py();
-        let util = self.finite(get(&s.attrs, self.key(py, K_GPU_UTIL))?)?;
-        let mem = self.finite(get(&s.attrs, self.key(py, K_GPU_MEMORY))?)?;
-        let power = self.finite(get(&s.attrs, self.key(py, K_GPU_POWER))?)?;
-        if util.is_none() && mem.is_none() && power.is_none() {
-            return Ok(());
-        }
-        let mut name = b"gpu ".to_vec();
-        if let Some(device) = get(&s.attrs, self.key(py, K_GPU_ID))? {
-            push_str_escaped(&mut name, &device, usize::MAX)?;
-        }
-        while name.last() == Some(&b' ') {
-            name.pop(); // `.rstrip()`: only a space survives json.dumps unescaped
-        }
-        let ts = self.rel(s.start);
-        self.counters += 1;
-        let o = &mut self.out;
-        o.extend_from_slice(b",\n{\"ph\":\"C\",\"name\":\"");
-        o.extend_from_slice(&name);
-        o.extend_from_slice(b"\",\"ts\":");
-        push_us(o, ts);
-        o.extend_from_slice(b",\"pid\":");
-        push_i128(o, i128::from(pid));
-        o.extend_from_slice(b",\"args\":{");
-        let mut sep = false;
-        for (label, value) in [
-            (&b"\"utilization %\":"[..], util.map(|u| u * 100.0)),
-            (&b"\"memory GiB\":"[..], mem.map(|m| m / GIB)),
-            (&b"\"power W\":"[..], power),
-        ] {
-            if let Some(v) = value {
-                if sep {
-                    o.push(b',');
-                }
-                sep = true;
-                o.extend_from_slice(label);
-                push_msgspec_f64(o, v);
-            }
-        }
-        o.extend_from_slice(b"}}");
         Ok(())
     }
 }

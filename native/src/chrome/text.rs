@@ -159,77 +159,88 @@ pub(crate) fn push_msgspec_f64(out: &mut Vec<u8>, x: f64) {
         out.extend_from_slice(b"null");
         return;
     }
-    if x.is_sign_negative() {
-        out.push(b'-');
-    }
-    if x == 0.0 {
-        out.extend_from_slice(b"0.0");
+    let Some((digits, length, point)) = sign_and_digits(out, x) else {
         return;
-    }
-    let (digits, length, kk) = shortest(x);
+    };
     let d = &digits[..length];
-    let len = length as i32;
-    let k = kk - len;
-    if (0..=16).contains(&kk) && k >= 0 {
-        out.extend_from_slice(d);
-        out.resize(out.len() + k as usize, b'0');
-        out.extend_from_slice(b".0");
-    } else if 0 < kk && kk <= 16 {
-        out.extend_from_slice(&d[..kk as usize]);
-        out.push(b'.');
-        out.extend_from_slice(&d[kk as usize..]);
-    } else if -5 < kk && kk <= 0 {
-        out.extend_from_slice(b"0.");
-        out.resize(out.len() + (-kk) as usize, b'0');
-        out.extend_from_slice(d);
+    if (0..=16).contains(&point) && point as usize >= length {
+        push_integral(out, d, point as usize - length);
+    } else if 0 < point && point <= 16 {
+        push_split(out, d, point as usize);
+    } else if -5 < point && point <= 0 {
+        push_below_one(out, d, (-point) as usize);
     } else {
-        out.push(d[0]);
-        if length > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&d[1..]);
-        }
-        out.push(b'e');
-        push_i128(out, i128::from(kk - 1));
+        push_scientific_digits(out, d);
+        push_i128(out, i128::from(point - 1));
     }
 }
 
 /// A finite double as Python's `repr` writes it: plain decimals for a decimal point
 /// position -3..16, else `1e-05` / `1e+16` (sign always, two exponent digits at least).
 pub(crate) fn push_repr_f64(out: &mut Vec<u8>, x: f64) {
-    if x.is_sign_negative() {
-        out.push(b'-');
-    }
-    if x == 0.0 {
-        out.extend_from_slice(b"0.0");
+    let Some((digits, length, point)) = sign_and_digits(out, x) else {
         return;
-    }
-    let (digits, length, point) = shortest(x);
+    };
     let d = &digits[..length];
     if point <= -4 || point > 16 {
-        out.push(d[0]);
-        if length > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&d[1..]);
-        }
+        push_scientific_digits(out, d);
         let exp = point - 1;
-        out.extend_from_slice(if exp < 0 { b"e-" } else { b"e+" });
+        out.push(if exp < 0 { b'-' } else { b'+' });
         if exp.abs() < 10 {
             out.push(b'0');
         }
         push_u128(out, u128::from(exp.unsigned_abs()));
     } else if point <= 0 {
-        out.extend_from_slice(b"0.");
-        out.resize(out.len() + (-point) as usize, b'0');
-        out.extend_from_slice(d);
+        push_below_one(out, d, (-point) as usize);
     } else if point as usize >= length {
-        out.extend_from_slice(d);
-        out.resize(out.len() + point as usize - length, b'0');
-        out.extend_from_slice(b".0");
+        push_integral(out, d, point as usize - length);
     } else {
-        out.extend_from_slice(&d[..point as usize]);
-        out.push(b'.');
-        out.extend_from_slice(&d[point as usize..]);
+        push_split(out, d, point as usize);
     }
+}
+
+/// The sign of a finite `x`, then its [`shortest`] digits; a zero is written whole here
+/// (`0.0`, `-0.0`, as both styles write it) and gives `None`.
+fn sign_and_digits(out: &mut Vec<u8>, x: f64) -> Option<([u8; 24], usize, i32)> {
+    if x.is_sign_negative() {
+        out.push(b'-');
+    }
+    if x == 0.0 {
+        out.extend_from_slice(b"0.0");
+        return None;
+    }
+    Some(shortest(x))
+}
+
+/// `DDD000.0`: the digits, `zeros` zeros, `.0`.
+fn push_integral(out: &mut Vec<u8>, d: &[u8], zeros: usize) {
+    out.extend_from_slice(d);
+    out.resize(out.len() + zeros, b'0');
+    out.extend_from_slice(b".0");
+}
+
+/// `DD.DDD`: the point after `at` digits.
+fn push_split(out: &mut Vec<u8>, d: &[u8], at: usize) {
+    out.extend_from_slice(&d[..at]);
+    out.push(b'.');
+    out.extend_from_slice(&d[at..]);
+}
+
+/// `0.000DDD`: `zeros` zeros after the point, then the digits.
+fn push_below_one(out: &mut Vec<u8>, d: &[u8], zeros: usize) {
+    out.extend_from_slice(b"0.");
+    out.resize(out.len() + zeros, b'0');
+    out.extend_from_slice(d);
+}
+
+/// `D.DDDe` (`De` for one digit): scientific notation up to its exponent.
+fn push_scientific_digits(out: &mut Vec<u8>, d: &[u8]) {
+    out.push(d[0]);
+    if d.len() > 1 {
+        out.push(b'.');
+        out.extend_from_slice(&d[1..]);
+    }
+    out.push(b'e');
 }
 
 #[cfg(test)]

@@ -99,16 +99,8 @@ class CompiledChromeTraceWriter:
         self._out.write(self._events.finish())
         spans, flows, counters, processes, engines, unparented, adjusted, origin = self._events.stats()
         self._out.write(perfetto.tail(self._source, origin))
-        return perfetto.ExportStats(
-            spans=spans,
-            slices=spans,
-            flows=flows,
-            counters=counters,
-            processes=processes,
-            engines=engines,
-            unparented=unparented,
-            adjusted=adjusted,
-        )
+        # Every span is one slice.
+        return perfetto.ExportStats(spans, spans, flows, counters, processes, engines, unparented, adjusted)
 
 
 def compiled_writer(out: IO[str], *, args: bool = True, source: str = "") -> CompiledChromeTraceWriter | None:

@@ -487,11 +487,9 @@ class ChromeTraceWriter:
 def write_chrome_trace(
     batches: Iterable[Iterable[Span]], out: IO[str], *, args: bool = True, source: str = ""
 ) -> ExportStats:
-    """Write every batch of spans to ``out`` as one Chrome Trace Event JSON document: with
-    the compiled writer where it is in use (:func:`~llmtrace.analysis._perfetto_native.writer_name`),
-    else :class:`ChromeTraceWriter`; the text is the same."""
-    # Imported here: the compiled writer's module reads this one's limits when it starts.
-    from llmtrace.analysis._perfetto_native import compiled_writer
+    """Write every batch of spans to ``out`` as one Chrome Trace Event JSON document, with the
+    compiled writer where it is in use (``_perfetto_native.writer_name``): the same text."""
+    from llmtrace.analysis._perfetto_native import compiled_writer  # it reads this module's limits
 
     writer = compiled_writer(out, args=args, source=source) or ChromeTraceWriter(out, args=args, source=source)
     for batch in batches:
