@@ -34,10 +34,7 @@ impl ChromeTraceEvents {
         push_us(o, d);
         o.extend_from_slice(b",\"dur\":");
         push_us(o, dur);
-        o.extend_from_slice(b",\"pid\":");
-        push_i128(o, i128::from(pid));
-        o.extend_from_slice(b",\"tid\":");
-        push_i128(o, i128::from(tid));
+        push_pid_tid(o, pid, tid);
         o.extend_from_slice(b",\"args\":{\"span_id\":\"");
         o.extend_from_slice(s.id.to_str()?.as_bytes());
         o.push(b'"');
@@ -217,9 +214,14 @@ fn push_flow_event(o: &mut Vec<u8>, ph: u8, fid: u64, ts: i128, pid: i64, tid: i
     push_i128(o, i128::from(fid));
     o.extend_from_slice(b",\"ts\":");
     push_us(o, ts);
+    push_pid_tid(o, pid, tid);
+    o.push(b'}');
+}
+
+/// `,"pid":P,"tid":T`: where an event is drawn.
+pub(super) fn push_pid_tid(o: &mut Vec<u8>, pid: i64, tid: i64) {
     o.extend_from_slice(b",\"pid\":");
     push_i128(o, i128::from(pid));
     o.extend_from_slice(b",\"tid\":");
     push_i128(o, i128::from(tid));
-    o.push(b'}');
 }

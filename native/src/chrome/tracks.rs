@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyString;
 use rustc_hash::FxHashMap;
 
+use super::events::push_pid_tid;
 use super::py::{code_points, get, push_format_escaped, str_of};
 use super::text::{push_ascii_escaped, push_ascii_escaped_code_points, push_i128};
 use super::{not_none, ChromeTraceEvents, Track, K_HOST, K_PID, K_ROLE, REQUESTS_PID, S};
@@ -150,18 +151,14 @@ impl ChromeTraceEvents {
             }
         }
         let o = &mut self.out;
-        o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":");
-        push_i128(o, i128::from(pid));
-        o.extend_from_slice(b",\"tid\":");
-        push_i128(o, i128::from(tid));
+        o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_name\"");
+        push_pid_tid(o, pid, tid);
         o.extend_from_slice(b",\"args\":{\"name\":\"");
         o.extend_from_slice(label);
         o.extend_from_slice(b"\"}}");
         if let Some(index) = sort_index {
-            o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":");
-            push_i128(o, i128::from(pid));
-            o.extend_from_slice(b",\"tid\":");
-            push_i128(o, i128::from(tid));
+            o.extend_from_slice(b",\n{\"ph\":\"M\",\"name\":\"thread_sort_index\"");
+            push_pid_tid(o, pid, tid);
             o.extend_from_slice(b",\"args\":{\"sort_index\":");
             push_i128(o, i128::from(index));
             o.extend_from_slice(b"}}");
