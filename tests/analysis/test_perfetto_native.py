@@ -107,6 +107,12 @@ def test_a_real_server_run_with_aborts_gives_the_same_text(tmp_path: Path, order
     assert perfetto.CLIPPED_ARG in text or perfetto.EXTENDED_ARG in text
 
 
+def test_a_saved_jaeger_response_gives_the_same_text() -> None:
+    """Spans read by the generic Python reader (a saved Jaeger API v3 response), not the compiled decoder."""
+    path = _FIXTURE.parent / "jaeger_v3_response.json.gz"
+    assert '"ph":"X"' in _same([list(b) for b in iter_file_batches(str(path))])
+
+
 def test_small_limits_evict_and_orphan_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With every bounded cache small enough to fill, the same tracks are renamed, the same
     children orphaned, the same phase ends forgotten."""
