@@ -95,7 +95,7 @@ class ChromeTraceEvents:
     bits; ``keys``: the 16 attribute keys it reads; ``limits``: ``(RECENT_PARENTS,
     PENDING_LIMIT, TRACK_CACHE, ORIGIN_LEAD_S)``; ``encode``, ``finite``, ``track_id``: the
     Python writer's helpers, for what it does not write itself. Span fields of the wrong
-    type (a name that is not a ``str``, a time that is not an int within 64 bits) raise."""
+    type (a name that is not a ``str``, a time that is not an int within ±2**126) raise."""
 
     def __new__(
         cls,

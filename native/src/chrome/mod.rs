@@ -81,7 +81,8 @@ fn string<'a, 'py>(o: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'
         .map_err(|_| PyTypeError::new_err(format!("a span's {what} must be a str")))
 }
 
-/// A time in nanoseconds (an int; the sources keep them within ±2**64).
+/// A time in nanoseconds: an int (the sources keep them within ±2**64, which `i128` holds
+/// with the differences between them).
 fn time(o: &Bound<'_, PyAny>) -> PyResult<i128> {
     let mut overflow = 0;
     // SAFETY: `o` is live; on an int the call reports overflow instead of raising.
@@ -92,8 +93,13 @@ fn time(o: &Bound<'_, PyAny>) -> PyResult<i128> {
             return Ok(i128::from(v));
         }
     }
-    o.extract::<i128>()
-        .map_err(|_| PyValueError::new_err(format!("a span's time {o} is not a 64-bit integer")))
+    const LIMIT: i128 = 1 << 126; // differences of two times stay within i128
+    match o.extract::<i128>() {
+        Ok(v) if -LIMIT < v && v < LIMIT => Ok(v),
+        _ => Err(PyValueError::new_err(format!(
+            "a span's time {o} is not an integer within ±2**126 ns"
+        ))),
+    }
 }
 
 /// The ids a span's key and its pending children's are compared by.
