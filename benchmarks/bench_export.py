@@ -6,13 +6,16 @@ memory bounded independent of input size).
     python benchmarks/bench_export.py --spans 100000 400000 # other sizes
     python benchmarks/bench_export.py --json                # one JSON line per size
     python benchmarks/bench_export.py --instructions        # instructions/span (valgrind)
+    python benchmarks/bench_export.py --writer python       # the Python writer (the reference)
 
 Each size is the simulated server of ``llmtrace.analysis.synthetic`` written as OTLP JSON
 lines (generated once, cached in the temp dir). Each export runs in a fresh subprocess
 (the CLI's ``main(["export", ...])``) so that its peak RSS (``ru_maxrss``) is its own;
 throughput is the child's CPU time (``time.process_time``: one core) for read + decode +
 write, from after the imports. Bounded memory shows as the same peak RSS at every size.
-"args" writes every span attribute into its slice; "no-args" is ``--no-args``.
+"args" writes every span attribute into its slice; "no-args" is ``--no-args``. The writer is
+the compiled one where llmtrace-native is built (``--writer`` picks one:
+``LLMTRACE_EXPORT_WRITER``).
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ def main() -> int:
     ap.add_argument(
         "--instructions", action="store_true", help="instead: instructions per span under valgrind (10k vs 40k spans)"
     )
+    ap.add_argument("--writer", choices=["native", "python"], help="the export's writer (default: native if built)")
     opts = ap.parse_args()
+    if opts.writer:
+        os.environ["LLMTRACE_EXPORT_WRITER"] = opts.writer  # read by the export in each child
     if opts.instructions:
         for label, extra in (("args", []), ("no-args", ["--no-args"])):
             per_span = instructions_per_span(10_000, 40_000, extra)

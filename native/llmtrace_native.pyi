@@ -2,10 +2,10 @@
 ``llmtrace.analysis._kernels``. CI checks this stub against the built module
 (``python -m mypy.stubtest llmtrace_native``)."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
 
 #: Bumped with ``llmtrace.analysis._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
@@ -87,6 +87,30 @@ class EngineTable:
         self, engines: Sequence[int], lo: int = 0, hi: int = ...
     ) -> tuple[int, float, float, float, int, float, float]: ...
     def step_starts(self, e: int) -> list[int]: ...
+
+@final
+class ChromeTraceEvents:
+    """Spans to Chrome Trace Event JSON, the very text ``llmtrace.analysis.perfetto.ChromeTraceWriter``
+    writes (``llmtrace.analysis._perfetto_native`` drives it). ``roles``: span name -> role
+    bits; ``keys``: the 16 attribute keys it reads; ``limits``: ``(RECENT_PARENTS,
+    PENDING_LIMIT, TRACK_CACHE, ORIGIN_LEAD_S)``; ``encode``, ``finite``, ``track_id``: the
+    Python writer's helpers, for what it does not write itself. Span fields of the wrong
+    type (a name that is not a ``str``, a time that is not an int within ±2**126) raise."""
+
+    def __new__(
+        cls,
+        roles: Mapping[str, int],
+        keys: Sequence[str],
+        limits: tuple[int, int, int, int],
+        args: bool,
+        encode: Callable[[Any], bytes],
+        finite: Callable[[Any], float | None],
+        track_id: Callable[[str], int],
+    ) -> ChromeTraceEvents: ...
+    def add(self, spans: list[Any]) -> str: ...
+    def finish(self) -> str: ...
+    def stats(self) -> tuple[int, int, int, int, int, int, int, int | None]: ...
+    def nbytes(self) -> int: ...
 
 def classify_gaps(
     engine_id: str,

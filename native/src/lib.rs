@@ -897,6 +897,7 @@ fn is_id(s: &str, len: usize) -> bool {
     s.len() == len && s.is_ascii()
 }
 
+mod chrome;
 mod critical_path;
 mod gpu_idle;
 mod named_tuple;
@@ -911,6 +912,7 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
+    m.add_class::<chrome::ChromeTraceEvents>()?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;

@@ -19,6 +19,7 @@ import pytest
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import perfetto
+from llmtrace.analysis._kernels import KERNELS
 from llmtrace.analysis.synthetic import SimConfig, simulate
 from llmtrace.cli import main
 from tests.helpers import perfetto_tp
@@ -31,6 +32,16 @@ def _trace_processor_present(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("trace_processor") is not None:
         reason = perfetto_tp.missing()
         assert reason is None, reason
+
+
+@pytest.fixture(params=["native", "python"])
+def writer(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The export runs through each writer: the compiled one (skipped, and said so, where
+    llmtrace-native is not built) and the Python reference."""
+    if request.param == "native" and KERNELS.chrome_trace_events() is None:
+        pytest.skip("llmtrace-native with its Chrome trace writer not built (needs cargo: pip install ./native)")
+    monkeypatch.setenv("LLMTRACE_EXPORT_WRITER", request.param)
+    return str(request.param)
 
 
 def _gpu(doc: dict[str, Any], device: str) -> dict[str, Any]:
@@ -108,7 +119,7 @@ def _export(tmp_path: Path, docs: list[dict[str, Any]], *extra: str) -> Path:
 
 
 @pytest.mark.trace_processor
-def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) -> None:
+def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path, writer: str) -> None:
     """Slice counts per name equal the source's spans; each flow joins a step and a request
     it linked, every link once; GPU and queue counters are there; the parser logs no error."""
     docs = _two_services()
@@ -154,7 +165,7 @@ def test_trace_processor_reads_every_span_link_and_counter_back(tmp_path: Path) 
 
 
 @pytest.mark.trace_processor
-def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Path) -> None:
+def test_children_before_parents_and_no_args_give_the_same_timeline(tmp_path: Path, writer: str) -> None:
     """Spans in reverse order (every child before its parent, as an exporter batch ends
     them) land on the same tracks: same slices and flows, and no nesting error."""
     docs = _reversed(_two_services())
@@ -184,7 +195,7 @@ _FIXTURE = Path(__file__).parent.parent / "fixtures" / "analysis" / "reference_s
 
 @pytest.mark.trace_processor
 @pytest.mark.parametrize("order", ["as recorded", "reversed"])
-def test_a_real_server_run_with_aborted_requests_reads_back_whole(tmp_path: Path, order: str) -> None:
+def test_a_real_server_run_with_aborted_requests_reads_back_whole(tmp_path: Path, order: str, writer: str) -> None:
     """The reference server's recorded run (tests/fixtures; its metric lines left out) has two client aborts whose last
     decode step ended after the request: each phase is drawn inside its request (clipped,
     or the request drawn longer when the phase is read first), so the trace processor
@@ -251,7 +262,7 @@ def _export_peak_bytes(tmp_path: Path, duration_s: float) -> tuple[int, int, int
     return sum(_source(docs)["names"].values()), peak, out.stat().st_size
 
 
-def test_memory_held_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_memory_held_does_not_grow_with_the_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writer: str) -> None:
     """Streaming in bounded memory: with the writer's caches and the decoder's string cache
     made small enough to fill early, four times the spans take no more memory at peak, and
     the output written is many times that peak (it is never held)."""
@@ -289,7 +300,7 @@ def test_export_without_spans_says_so(tmp_path: Path, capsys: pytest.CaptureFixt
 
 @pytest.mark.trace_processor
 @pytest.mark.stack
-def test_export_from_real_jaeger_reads_back_like_the_file(otel_stack: Any, tmp_path: Path) -> None:
+def test_export_from_real_jaeger_reads_back_like_the_file(otel_stack: Any, tmp_path: Path, writer: str) -> None:
     """Traces sent through the real collector into Jaeger, exported from Jaeger's query API
     (small --limit: windows are split): every span is a slice, every link a flow."""
     import time

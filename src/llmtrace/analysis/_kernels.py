@@ -24,7 +24,7 @@ kernels here, so callers never see the difference.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmtrace import semconv as sc
 from llmtrace.analysis import _native, _oracle, _steps
@@ -45,6 +45,9 @@ from llmtrace.analysis.model import (
     SpanKind,
     StatusCode,
 )
+
+if TYPE_CHECKING:
+    import llmtrace_native  # the stub, native/llmtrace_native.pyi
 
 Children = _oracle.Children
 
@@ -114,6 +117,11 @@ class Kernels(Protocol):
         """An empty engine table for ``load_spans(table=...)``, or ``None`` (no table)."""
         ...
 
+    def chrome_trace_events(self) -> type[llmtrace_native.ChromeTraceEvents] | None:
+        """The compiled Chrome trace writer's class (``analysis/_perfetto_native.py`` drives
+        it), or ``None``: the Python writer (``analysis/perfetto.py``) writes exports."""
+        ...
+
     def critical_path(self, children: Children, root: Span, overlap_allowance_ns: int) -> list[Section]:
         """:func:`llmtrace.analysis.critical_path.critical_path` over ``Trace.children``."""
         ...
@@ -172,6 +180,11 @@ class NativeKernels:
             sc.SERVICE_NAME,
             STEP_KEYS,
         )
+        # A build that predates the compiled Chrome trace writer lacks it (the rest of the
+        # module is the same ABI): then exports take the Python writer.
+        self._chrome: type[llmtrace_native.ChromeTraceEvents] | None = getattr(
+            llmtrace_native, "ChromeTraceEvents", None
+        )
         self._python = _oracle.PythonKernels()
 
     def decode_line(self, data: bytes, strings: dict[str, str], table: EngineTable | None) -> list[Span] | None:
@@ -181,6 +194,9 @@ class NativeKernels:
 
     def new_engine_table(self) -> EngineTable | None:
         return EngineTable(self._new_table(self.decoder))
+
+    def chrome_trace_events(self) -> type[llmtrace_native.ChromeTraceEvents] | None:
+        return self._chrome
 
     def critical_path(self, children: Children, root: Span, overlap_allowance_ns: int) -> list[Section]:
         try:

@@ -229,6 +229,10 @@ class PythonKernels:
         """None: every span is a Python object."""
         return None
 
+    def chrome_trace_events(self) -> None:
+        """None: the Python writer (``analysis/perfetto.py``) writes exports."""
+        return None
+
     def engine(self, view: EngineView) -> PythonEngine:
         """The reference over ``view``'s ``StepView`` objects (those of an engine the
         compiled table holds are made from it)."""

@@ -91,6 +91,20 @@ def _dumps(value: Any) -> str:
     return _encode_json(value).decode()
 
 
+#: The document's start: the requests process, named and sorted first.
+HEAD = (
+    '{"traceEvents":[\n'
+    f'{{"ph":"M","name":"process_name","pid":{REQUESTS_PID},"tid":0,"args":{{"name":"{_REQUESTS_NAME}"}}}}'
+    f',\n{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}'
+)
+
+
+def tail(source: str, origin_ns: int | None) -> str:
+    """The document's end: what wrote it, from what, and the time origin of every ``ts``."""
+    other = {"exporter": "llmtrace", "source": source, "time_origin_unix_ns": origin_ns or 0}
+    return f'\n],"otherData":{_dumps(other)}}}\n'
+
+
 def track_id(hex_id: str) -> int:
     """A thread id for a request or trace track, from its span or trace id: 31 bits (Chrome
     and Perfetto read tids as 32-bit), never 0 and never a small engine tid."""
@@ -151,16 +165,10 @@ class ChromeTraceWriter:
         self._phase_ends: dict[str, int] = {}
         self.spans = self.flows = self.counters = self.unparented = self.adjusted = 0
         # Events are collected per batch and written with one call; every event after the
-        # first (written here) is prefixed with its separator, so there is no "first?" test.
+        # first (the head's) is prefixed with its separator, so there is no "first?" test.
         self._buf: list[str] = []
         self._event = self._buf.append
-        out.write(
-            '{"traceEvents":[\n'
-            f'{{"ph":"M","name":"process_name","pid":{REQUESTS_PID},"tid":0,"args":{{"name":"{_REQUESTS_NAME}"}}}}'
-        )
-        self._event(
-            f',\n{{"ph":"M","name":"process_sort_index","pid":{REQUESTS_PID},"tid":0,"args":{{"sort_index":1000}}}}'
-        )
+        out.write(HEAD)
 
     # ------------------------------------------------------------------ output
     def _flush(self) -> None:
@@ -463,8 +471,7 @@ class ChromeTraceWriter:
             self._orphans(waiting)
         self._pending_count = 0
         self._flush()
-        other = {"exporter": "llmtrace", "source": self._source, "time_origin_unix_ns": self._origin or 0}
-        self._out.write(f'\n],"otherData":{_dumps(other)}}}\n')
+        self._out.write(tail(self._source, self._origin))
         return ExportStats(
             spans=self.spans,
             slices=self.spans,  # every span is one slice
@@ -480,11 +487,14 @@ class ChromeTraceWriter:
 def write_chrome_trace(
     batches: Iterable[Iterable[Span]], out: IO[str], *, args: bool = True, source: str = ""
 ) -> ExportStats:
-    """Write every batch of spans to ``out`` as one Chrome Trace Event JSON document."""
-    writer = ChromeTraceWriter(out, args=args, source=source)
+    """Write every batch of spans to ``out`` as one Chrome Trace Event JSON document, with the
+    compiled writer where it is in use (``_perfetto_native.writer_name``): the same text."""
+    from llmtrace.analysis._perfetto_native import compiled_writer  # it reads this module's limits
+
+    writer = compiled_writer(out, args=args, source=source) or ChromeTraceWriter(out, args=args, source=source)
     for batch in batches:
         writer.add(batch)
     return writer.close()
 
 
-__all__ = ["ChromeTraceWriter", "ExportStats", "track_id", "write_chrome_trace"]
+__all__ = ["HEAD", "ChromeTraceWriter", "ExportStats", "tail", "track_id", "write_chrome_trace"]
