@@ -28,6 +28,15 @@ class Received:
     traceparent: str | None
 
 
+def sent_by_the_load(log: list[Received]) -> list[Received]:
+    """The requests of the load itself: not the preflight's probes (the lead word alone, and the
+    lead word with every prompt piece, which is all the calibration this server needs)."""
+    from llmtrace.load.prompts import LEAD, pool_probe
+
+    probes = {LEAD, pool_probe()}
+    return [r for r in log if r.prompt not in probes]
+
+
 def _chunk(chat: bool, text: str, first: bool) -> dict[str, Any]:
     if chat:
         delta = {"role": "assistant", "content": ""} if first else {"content": text}

@@ -19,7 +19,7 @@ from llmtrace.load.live import Tally
 from llmtrace.load.model import Chaos, Outcome, PlannedRequest, Step
 from llmtrace.load.runner import LoadSpec, run_load
 from tests.helpers.servers import uvicorn_server
-from tests.load.sse_app import build_app
+from tests.load.sse_app import build_app, sent_by_the_load
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_open_loop_requests_arrive_on_schedule(sse_server: tuple[str, Any]) -> N
     steps = make_steps([20.0], 1.5, closed_loop=False)
     planned = plan_open_loop(steps, Lengths(8, 4, "fixed"), rng=random.Random(0), arrival="constant")
     run = run_load(_spec(url, planned, steps), live=False)
-    arrivals = [r.at for r in app.state.log if r.prompt.split()[0].isdigit()]  # the probes carry no index
+    arrivals = [r.at for r in sent_by_the_load(app.state.log)]
     assert len(planned) == len(arrivals) == len(run.results)
     first = arrivals[0]
     errors = sorted(abs((at - first) - (p.at_s - planned[0].at_s)) for at, p in zip(arrivals, planned, strict=True))
@@ -134,7 +134,7 @@ def test_worker_processes_share_one_schedule(sse_server: tuple[str, Any]) -> Non
     assert list(range(20)) == [r.index for r in run.results]
     assert all(Outcome.OK is r.outcome for r in run.results)
     assert 2 == run.self_check.processes
-    arrivals = sorted(r.at for r in app.state.log if any(w.isdigit() for w in r.prompt.split()))
+    arrivals = sorted(r.at for r in sent_by_the_load(app.state.log))
     assert 20 == len(arrivals)
     assert arrivals[-1] - arrivals[0] == pytest.approx(0.95, abs=0.15)
 

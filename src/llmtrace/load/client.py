@@ -69,6 +69,14 @@ class Target:
         return body
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to go: its body and whether it streams."""
+
+    data: bytes
+    stream: bool
+
+
 class ProtocolError(Exception):
     """A 2xx answer that an OpenAI-compatible server would not send."""
 
@@ -187,22 +195,32 @@ class Client:
         if self.session is not None:
             await self.session.close()
 
-    async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
-                   offered_qps: float | None = None, concurrency: int | None = None) -> RequestResult:
-        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it."""
-        assert self.session is not None, "use the client as an async context manager"
+    def prepare(self, index: int, planned: PlannedRequest) -> Prepared:
+        """The request's body, built ahead of its send time (a long prompt takes a while)."""
         stream = self.target.stream or planned.chaos in (Chaos.DISCONNECT, Chaos.SLOW_READER)
         prompt = self.prompts.prompt(index, planned.input_tokens, planned.prefix_blocks)
-        data = self._payload(prompt, planned, stream)
+        return Prepared(self._payload(prompt, planned, stream), stream)
+
+    async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
+                   offered_qps: float | None = None, concurrency: int | None = None,
+                   prepared: Prepared | None = None) -> RequestResult:
+        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it.
+
+        The send is timed right before the HTTP client gets the request, where ``vllm bench serve``
+        takes its own start time: TTFT and e2e from the send count the same span of work in both."""
+        assert self.session is not None, "use the client as an async context manager"
+        if prepared is None:
+            prepared = self.prepare(index, planned)
+        data, stream = prepared.data, prepared.stream
         span, headers, start_ns = self.spans.begin()
-        sent = time.monotonic()
+        headers["Content-Type"] = "application/json"
         reading = _Reading()
         gaps: list[float] = []
         status: int | None = None
         outcome, error = Outcome.OK, None
+        sent = time.monotonic()
         try:
-            async with self.session.post(self.target.base_url + self.target.path, data=data,
-                                         headers={**headers, "Content-Type": "application/json"},
+            async with self.session.post(self.target.base_url + self.target.path, data=data, headers=headers,
                                          trace_request_ctx=reading) as response:
                 status = response.status
                 if status >= 400:
