@@ -71,10 +71,15 @@ class Target:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A request ready to go: its body and whether it streams."""
+    """A request ready to go: its body, whether it streams, its CLIENT span and the headers
+    that carry it."""
 
     data: bytes
     stream: bool
+    span: Any
+    headers: dict[str, str]
+    #: The span's start: the intended send time on the wall clock.
+    start_ns: int
 
 
 class ProtocolError(Exception):
@@ -195,11 +200,15 @@ class Client:
         if self.session is not None:
             await self.session.close()
 
-    def prepare(self, index: int, planned: PlannedRequest) -> Prepared:
-        """The request's body, built ahead of its send time (a long prompt takes a while)."""
+    def prepare(self, index: int, planned: PlannedRequest, intended: float) -> Prepared:
+        """Everything before the send, done ahead of it: the body (a long prompt takes a while)
+        and the CLIENT span, started at the intended send time — the zero of every latency the
+        report gives (``llm.load.send_lag_s`` says how much later the request went out)."""
         stream = self.target.stream or planned.chaos in (Chaos.DISCONNECT, Chaos.SLOW_READER)
         prompt = self.prompts.prompt(index, planned.input_tokens, planned.prefix_blocks)
-        return Prepared(self._payload(prompt, planned, stream), stream)
+        span, headers, start_ns = self.spans.begin(time.time_ns() + int((intended - time.monotonic()) * 1e9))
+        headers["Content-Type"] = "application/json"
+        return Prepared(self._payload(prompt, planned, stream), stream, span, headers, start_ns)
 
     async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
                    offered_qps: float | None = None, concurrency: int | None = None,
@@ -210,10 +219,8 @@ class Client:
         takes its own start time: TTFT and e2e from the send count the same span of work in both."""
         assert self.session is not None, "use the client as an async context manager"
         if prepared is None:
-            prepared = self.prepare(index, planned)
-        data, stream = prepared.data, prepared.stream
-        span, headers, start_ns = self.spans.begin()
-        headers["Content-Type"] = "application/json"
+            prepared = self.prepare(index, planned, intended)
+        data, stream, headers = prepared.data, prepared.stream, prepared.headers
         reading = _Reading()
         gaps: list[float] = []
         status: int | None = None
@@ -244,8 +251,8 @@ class Client:
         if planned.chaos is not None and outcome is not Outcome.CANCELLED:
             outcome = Outcome.CHAOS  # whatever the server did, this was the chaos client's doing
         result = self._result(index, planned, intended, sent, ended, reading, gaps, outcome, error, status)
-        trace_id = self.spans.end(span, self._info(planned, step_label, offered_qps, concurrency, stream), result,
-                                  start_ns, start_ns + int((ended - sent) * 1e9))
+        trace_id = self.spans.end(prepared.span, self._info(planned, step_label, offered_qps, concurrency, stream),
+                                  result, prepared.start_ns, prepared.start_ns + int((ended - intended) * 1e9))
         return result if trace_id is None else _with_trace(result, trace_id)
 
     def _payload(self, prompt: str, planned: PlannedRequest, stream: bool) -> bytes:

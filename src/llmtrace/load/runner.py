@@ -205,7 +205,7 @@ class _Driver:
     async def _send_at(self, index: int, planned: PlannedRequest, intended: float) -> RequestResult:
         """Build the request, wait for its moment, send it: one task, so nothing is left between
         the wake-up and the send but the send."""
-        prepared = self.client.prepare(index, planned)
+        prepared = self.client.prepare(index, planned, intended)
         await until(intended)
         self.tally.sent += 1
         step = self._step(planned.step)
