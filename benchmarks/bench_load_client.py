@@ -44,6 +44,7 @@ SUSTAIN_SHARE = 0.95
 SEND_LAG_BUDGET_S = 0.005
 CHUNKS = 32
 INPUT_TOKENS = 32
+AGREEMENT_OUTPUT_TOKENS = 16
 
 _NULL_SERVER = r'''
 import sys
@@ -108,16 +109,16 @@ def _tokenizer_dir(tmp: Path) -> str:
 
 
 def _from_send(traces: Path) -> tuple[float, float]:
-    """(TTFT p50, e2e p50) in ms counted from the actual send, as vLLM's client counts them: the
-    CLIENT spans' ``llm.client.ttft_s`` and durations (the report counts from the intended send
-    time, so its figures also hold the client's own send lag)."""
+    """(TTFT p50, e2e p50) in ms counted from the actual send, where vLLM's client starts its
+    clock: the CLIENT spans' ``llm.client.ttft_s``, and their durations less the send lag (a
+    span starts at the intended send time, the zero of the report's figures)."""
     from llmtrace import semconv
     from llmtrace.analysis.sources import load_spans
     from llmtrace.analysis.stats import percentile
 
     spans = [s for s in load_spans(str(traces)).spans if s.kind.name == "CLIENT"]
     ttft = sorted(float(v) for s in spans if (v := s.attributes.get(semconv.LLM_CLIENT_TTFT_S)) is not None)
-    e2e = sorted(s.duration_ns / 1e6 for s in spans)
+    e2e = sorted(s.duration_ns / 1e6 - float(s.attributes.get(semconv.LLM_LOAD_SEND_LAG_S, 0.0)) * 1e3 for s in spans)
     return percentile(ttft, 50, presorted=True) * 1000, percentile(e2e, 50, presorted=True)
 
 
@@ -227,7 +228,7 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(url + "/health")
-        rate, n, out = args.agreement_rate, args.agreement_requests, 16
+        rate, n, out = args.agreement_rate, args.agreement_requests, AGREEMENT_OUTPUT_TOKENS
         print(f"\nreference server, {rate:g} req/s Poisson, {n} requests, {INPUT_TOKENS} prompt / {out} answer tokens")
         rows = []
         for arm in ("ours", "vllm") * args.agreement_rounds:
@@ -265,7 +266,9 @@ def _server_side(path: Path) -> None:
     parent_of = {s.span_id: s.parent_id for s in spans if s.kind.name == "SERVER"}
     groups: dict[str, list[Any]] = {"ours": [], "vllm": []}
     for s in spans:
-        if s.name == semconv.SPAN_REQUEST and s.parent_id in parent_of:
+        # Only the measured requests: not our preflight's 1-token probes (untraced, like vLLM's).
+        if (s.name == semconv.SPAN_REQUEST and s.parent_id in parent_of
+                and s.attributes.get(semconv.GEN_AI_USAGE_OUTPUT_TOKENS) == AGREEMENT_OUTPUT_TOKENS):
             groups["ours" if parent_of[s.parent_id] else "vllm"].append(s)
     for arm, requests in groups.items():
         ttft = sorted(float(v) for r in requests

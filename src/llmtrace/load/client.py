@@ -10,7 +10,12 @@ Both endpoints, streamed and not, in the wire formats OpenAI documents:
   ``data: [DONE]`` ends the stream.
 
 The first chunk that carries text is the first token (TTFT); the gaps between text chunks are
-the inter-token latencies. Every latency counts from the request's *intended* send time.
+the inter-token latencies. Every latency counts from the request's *intended* send time. The
+actual send (``sent``, whence ``send_lag_s`` and the span's ``llm.client.ttft_s``) is taken
+right before the request is handed to aiohttp, where ``vllm bench serve`` takes its ``st``
+(its body is serialised after that point, ours before); a chunk's time is taken when its line
+has been read, before its JSON is parsed (vLLM's after); the answer ends when the stream is
+read to ``[DONE]`` (vLLM's at its last chunk with choices, before the usage chunk).
 """
 
 from __future__ import annotations
@@ -213,10 +218,7 @@ class Client:
     async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
                    offered_qps: float | None = None, concurrency: int | None = None,
                    prepared: Prepared | None = None) -> RequestResult:
-        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it.
-
-        The send is timed right before the HTTP client gets the request, where ``vllm bench serve``
-        takes its own start time: TTFT and e2e from the send count the same span of work in both."""
+        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it."""
         assert self.session is not None, "use the client as an async context manager"
         if prepared is None:
             prepared = self.prepare(index, planned, intended)

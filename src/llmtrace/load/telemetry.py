@@ -149,7 +149,7 @@ def _attributes(info: RequestInfo, r: RequestResult) -> dict[str, Any]:
         sc.GEN_AI_RESPONSE_FINISH_REASONS: [r.finish_reason] if r.finish_reason else None,
     }
     if r.ttft_s is not None:
-        optional[sc.LLM_CLIENT_TTFT_S] = r.ttft_s - r.send_lag_s  # from the send, like the span
+        optional[sc.LLM_CLIENT_TTFT_S] = r.ttft_s - r.send_lag_s  # from the actual send
     if r.itl_s:
         gaps = sorted(r.itl_s)
         optional.update({sc.LLM_CLIENT_ITL_MEAN_S: sum(gaps) / len(gaps), sc.LLM_CLIENT_ITL_P50_S: gaps[len(gaps) // 2],
