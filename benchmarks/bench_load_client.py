@@ -189,7 +189,8 @@ def part_rates(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
     try:
         _wait(url + "/v1/models")
         print(f"null streaming server ({CHUNKS} chunks per response) on {url}; {args.duration:g}s per run\n")
-        print(f"{'client':<22}{'offered':>8}{'sent':>6}{'achieved':>9}{'ok':>6}{'lag p99 ms':>11}  sustained")
+        print(f"{'client':<22}{'offered':>8}{'sent':>6}{'achieved':>9}{'ok':>6}{'lag p50 ms':>11}{'lag p99 ms':>11}"
+              "  sustained")
         best = {"ours": 0.0, "vllm": 0.0}
         rates = [float(r) for r in args.rates.split(",")]
         for rate in rates:
@@ -200,14 +201,16 @@ def part_rates(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
                 good = _sustained(row, args.duration)
                 if good:
                     best[arm] = max(best[arm], rate)
-                lag = f"{row['send_lag_p99_ms']:.2f}" if "send_lag_p99_ms" in row else "-"
+                lags = (f"{row['send_lag_p50_ms']:>11.3f}{row['send_lag_p99_ms']:>11.2f}" if "send_lag_p99_ms" in row
+                        else f"{'-':>11}{'-':>11}")
                 label = "llmtrace load (traced)" if arm == "ours" else "vllm bench serve"
-                print(f"{label:<22}{rate:>8g}{row['sent']:>6}{row['achieved']:>9.1f}{row['ok']:>6}{lag:>11}  "
+                print(f"{label:<22}{rate:>8g}{row['sent']:>6}{row['achieved']:>9.1f}{row['ok']:>6}{lags}  "
                       f"{'yes' if good else 'no'}", flush=True)
         for rate in rates[-2:]:
             row = ours(url, rate, args.duration, CHUNKS, tmp, processes=2)
             print(f"{'llmtrace --processes 2':<22}{rate:>8g}{row['sent']:>6}{row['achieved']:>9.1f}{row['ok']:>6}"
-                  f"{row['send_lag_p99_ms']:>11.2f}  {'yes' if _sustained(row, args.duration) else 'no'}", flush=True)
+                  f"{row['send_lag_p50_ms']:>11.3f}{row['send_lag_p99_ms']:>11.2f}  "
+                  f"{'yes' if _sustained(row, args.duration) else 'no'}", flush=True)
         print(f"\nhighest rate sustained: llmtrace load {best['ours']:g}/s, vllm bench serve {best['vllm']:g}/s")
         rate, big = rates[0], int(rates[0] * args.duration * 2)
         # vLLM's client is left out: its start-up (importing vllm, tens of CPU seconds) varies by
@@ -235,10 +238,10 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
             row = (ours(url, rate, 0, out, tmp, requests=n) if arm == "ours"
                    else vllm(url, rate, n, out, tokenizer, tmp, "llmtrace-tiny-gpt2"))
             rows.append((arm, row))
-            extra = (f"   from the send: TTFT p50 {row['ttft_send_p50_ms']:7.1f} ms, e2e p50 "
-                     f"{row['e2e_send_p50_ms']:7.1f} ms (send lag p50 {row['send_lag_p50_ms']:.1f} ms)"
+            extra = (f"   from the send: TTFT p50 {row['ttft_send_p50_ms']:7.2f} ms, e2e p50 "
+                     f"{row['e2e_send_p50_ms']:7.2f} ms (send lag p50 {row['send_lag_p50_ms']:.3f} ms)"
                      if arm == "ours" else "")
-            print(f"  {arm:<6} TTFT p50 {row['ttft_p50_ms']:7.1f} ms   e2e p50 {row['e2e_p50_ms']:7.1f} ms{extra}",
+            print(f"  {arm:<6} TTFT p50 {row['ttft_p50_ms']:7.2f} ms   e2e p50 {row['e2e_p50_ms']:7.2f} ms{extra}",
                   flush=True)
         vllm_rows = [r for a, r in rows if a == "vllm"]
         ours_rows = [r for a, r in rows if a == "ours"]
@@ -246,7 +249,7 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
                                    ("ttft_send_p50_ms", "ttft_p50_ms"), ("e2e_send_p50_ms", "e2e_p50_ms")):
             mean_ours = sum(r[ours_key] for r in ours_rows) / len(ours_rows)
             mean_vllm = sum(r[vllm_key] for r in vllm_rows) / len(vllm_rows)
-            print(f"  llmtrace {ours_key} {mean_ours:.1f} vs vllm {vllm_key} {mean_vllm:.1f}: "
+            print(f"  llmtrace {ours_key} {mean_ours:.2f} vs vllm {vllm_key} {mean_vllm:.2f}: "
                   f"ratio {mean_ours / mean_vllm:.3f}")
     finally:
         server.send_signal(signal.SIGINT)
@@ -278,7 +281,7 @@ def _server_side(path: Path) -> None:
         e2e = sorted(r.duration_ns / 1e6 for r in requests)
         if ttft and tokens and answers:
             print(f"  server side, {arm:<5}: {len(requests)} requests, TTFT p50 "
-                  f"{percentile(ttft, 50, presorted=True) * 1000:.1f} ms, e2e p50 "
+                  f"{percentile(ttft, 50, presorted=True) * 1000:.2f} ms, e2e p50 "
                   f"{percentile(e2e, 50, presorted=True):.1f} ms, prompt tokens p50 "
                   f"{percentile(tokens, 50, presorted=True):.0f}, answer tokens p50 "
                   f"{percentile(answers, 50, presorted=True):.0f}")
