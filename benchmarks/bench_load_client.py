@@ -1,6 +1,6 @@
 """``llmtrace load``'s client against ``vllm bench serve``'s client, on the same servers.
 
-Two parts, arms interleaved (ours, vLLM's; then the next rate) so drift on a shared host
+Three parts, arms interleaved (ours, vLLM's; then the next rate) so drift on a shared host
 hits both alike:
 
 1. **Rate a client sustains** — a null streaming server on loopback (aiohttp, its own
@@ -11,7 +11,12 @@ hits both alike:
    The client's CPU per request (a run of 2x the rate's requests minus a 5-request run, so the
    interpreter start cancels out) says what one core can drive.
 2. **Agreement** — the reference server (``python -m llmtrace.server``), both clients at one
-   fixed rate, same prompt/answer lengths: TTFT and e2e p50 side by side (budget: within 5%).
+   fixed rate, same prompt/answer lengths: TTFT and e2e p50 side by side (budget: within 5%),
+   and the server's own view of each client's requests.
+3. **Request functions** — what each client's clock holds: in one process, request by request,
+   vLLM's request function with the session ``vllm bench serve`` makes (``trust_env=True``:
+   aiohttp then looks up netrc and proxy settings in worker threads before every request), the
+   same with ``trust_env=False``, and ours, each from its own start point.
 
 ``vllm bench serve`` needs a Hugging Face tokenizer for its random prompts: the reference
 server's own tiny BPE tokenizer is saved to a temporary directory for it (nothing from a hub).
@@ -25,8 +30,11 @@ Run::
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
+import random
 import resource
 import signal
 import socket
@@ -35,6 +43,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,14 +232,24 @@ def part_rates(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
         null.wait(10)
 
 
-def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
+@contextlib.contextmanager
+def _reference_server(exporter: str) -> Iterator[str]:
+    """``python -m llmtrace.server`` on a free port, exporting its spans to *exporter*; its URL."""
     port = _port()
-    env = {**os.environ, "LLMTRACE_QUIET": "1", "LLMTRACE_EXPORTER": f"file:{tmp / 'server.jsonl'}"}
+    env = {**os.environ, "LLMTRACE_QUIET": "1", "LLMTRACE_EXPORTER": exporter}
     server = subprocess.Popen([PY, "-m", "llmtrace.server", "--port", str(port)], env=env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(url + "/health")
+        yield url
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(60)
+
+
+def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
+    with _reference_server(f"file:{tmp / 'server.jsonl'}") as url:
         rate, n, out = args.agreement_rate, args.agreement_requests, AGREEMENT_OUTPUT_TOKENS
         print(f"\nreference server, {rate:g} req/s Poisson, {n} requests, {INPUT_TOKENS} prompt / {out} answer tokens")
         rows = []
@@ -251,10 +270,65 @@ def part_agreement(args: argparse.Namespace, tokenizer: str, tmp: Path) -> None:
             mean_vllm = sum(r[vllm_key] for r in vllm_rows) / len(vllm_rows)
             print(f"  llmtrace {ours_key} {mean_ours:.2f} vs vllm {vllm_key} {mean_vllm:.2f}: "
                   f"ratio {mean_ours / mean_vllm:.3f}")
-    finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(60)
     _server_side(tmp / "server.jsonl")
+
+
+def part_request_functions(args: argparse.Namespace) -> None:
+    """Where the two clients' TTFT parts: in one process, against one reference server (no
+    export), request by request in shuffled order: vLLM's own request function with the session
+    ``vllm bench serve`` makes (``trust_env=True``), the same with ``trust_env=False``, and ours
+    (untraced), each from its own start point, same prompts."""
+    import aiohttp
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+
+    from llmtrace.load.client import Client, Target
+    from llmtrace.load.model import PlannedRequest
+    from llmtrace.load.telemetry import ClientSpans
+    from llmtrace.server.demo import _calibration
+
+    def session(trust_env: bool) -> aiohttp.ClientSession:  # serve.py's make_session, trust_env aside
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, use_dns_cache=True,
+                                         keepalive_timeout=60, enable_cleanup_closed=True, force_close=False)
+        return aiohttp.ClientSession(connector=connector, trust_env=trust_env,
+                                     timeout=aiohttp.ClientTimeout(total=600))
+
+    async def run(url: str) -> dict[str, list[tuple[float, float]]]:
+        from llmtrace.load.prompts import PromptMaker
+
+        model, out = "llmtrace-tiny-gpt2", AGREEMENT_OUTPUT_TOKENS
+        maker = PromptMaker(_calibration())
+        rows: dict[str, list[tuple[float, float]]] = {"vllm, trust_env=True": [], "vllm, trust_env=False": [],
+                                                      "llmtrace load": []}
+        async with session(True) as trusting, session(False) as plain, \
+                Client(Target(url, model=model, ignore_eos=True), maker, ClientSpans(False)) as mine:
+            async def theirs(http: aiohttp.ClientSession, index: int) -> tuple[float, float]:
+                o = await async_request_openai_completions(RequestFuncInput(
+                    prompt=maker.prompt(index, INPUT_TOKENS), api_url=url + "/v1/completions",
+                    prompt_len=INPUT_TOKENS, output_len=out, model=model, ignore_eos=True), http)
+                return o.ttft * 1e3, o.latency * 1e3
+
+            async def ours_(index: int) -> tuple[float, float]:
+                r = await mine.send(index, PlannedRequest(0.0, INPUT_TOKENS, out), time.monotonic())
+                return ((r.ttft_s or 0.0) - r.send_lag_s) * 1e3, ((r.e2e_s or 0.0) - r.send_lag_s) * 1e3
+
+            rng = random.Random(0)
+            for index in range(args.agreement_requests + 3):  # the first 3 warm every path up, not counted
+                arms = [("vllm, trust_env=True", theirs(trusting, index)),
+                        ("vllm, trust_env=False", theirs(plain, index)), ("llmtrace load", ours_(index))]
+                rng.shuffle(arms)
+                for name, request in arms:
+                    row = await request
+                    if index >= 3:
+                        rows[name].append(row)
+                    await asyncio.sleep(0.25)
+        return rows
+
+    with _reference_server("none") as url:
+        rows = asyncio.run(run(url))
+    print(f"\nrequest functions, one process, {args.agreement_requests} requests each, shuffled, from each one's start")
+    for name, values in rows.items():
+        ttft, e2e = sorted(v[0] for v in values), sorted(v[1] for v in values)
+        print(f"  {name:<22} TTFT p50 {ttft[len(ttft) // 2]:6.2f} ms   e2e p50 {e2e[len(e2e) // 2]:6.2f} ms")
 
 
 def _server_side(path: Path) -> None:
@@ -304,6 +378,7 @@ def main() -> None:
             part_rates(args, tokenizer, tmp)
         if not args.skip_agreement:
             part_agreement(args, tokenizer, tmp)
+            part_request_functions(args)
 
 
 if __name__ == "__main__":
