@@ -1,8 +1,9 @@
 """Drive a load: preflight the server, send on schedule (or keep N clients busy), collect results.
 
-Open loop: the schedule is fixed before the first send; the driver sleeps until each
-request's intended time and starts it as its own task, never waiting for an answer, so a
-stalled server shows in every request scheduled during the stall. Closed loop: each step
+Open loop: the schedule is fixed before the first send; each request is its own task, started
+a little ahead of its intended time to build its body, which then waits for that time
+(:func:`until`) and sends, never waiting for an answer, so a stalled server shows in every
+request scheduled during the stall. Closed loop: each step
 keeps ``concurrency`` clients busy for its duration.
 
 Whatever ends a run — its end, Ctrl-C, an unexpected error — the results measured so far
