@@ -11,14 +11,16 @@ from tests.analysis.builders import request_trace, span
 
 
 def _client_request(trace: str, start: float, queue: float, step: int, client_ttft_ms: float,
-                    pool_wait_ms: float = 0.0) -> list[Span]:
-    """CLIENT (2 ms before the server) -> SERVER -> llm.request with 1/queue/5/20 ms phases."""
+                    pool_wait_ms: float = 0.0, send_lag_ms: float = 0.0) -> list[Span]:
+    """CLIENT (sent 2 ms before the server's start, due *send_lag_ms* before that) -> SERVER ->
+    llm.request with 1/queue/5/20 ms phases."""
     server_side = request_trace(trace, start, 1.0, queue, 5.0, 20.0, server_pad=1.0)
     server = server_side[0]
-    client = span("text_completion m", start - 2.0, start + 1.0 + queue + 5.0 + 20.0 + 2.0, trace=trace,
-                  kind=SpanKind.CLIENT, attrs={sc.LLM_LOAD_STEP: step, sc.LLM_LOAD_STEP_LABEL: f"qps={2 ** step}",
-                                               sc.LLM_CLIENT_TTFT_S: client_ttft_ms / 1e3,
-                                               sc.LLM_LOAD_POOL_WAIT_S: pool_wait_ms / 1e3})
+    client = span("text_completion m", start - 2.0 - send_lag_ms, start + 1.0 + queue + 5.0 + 20.0 + 2.0,
+                  trace=trace, kind=SpanKind.CLIENT,
+                  attrs={sc.LLM_LOAD_STEP: step, sc.LLM_LOAD_STEP_LABEL: f"qps={2 ** step}",
+                         sc.LLM_CLIENT_TTFT_S: client_ttft_ms / 1e3, sc.LLM_LOAD_POOL_WAIT_S: pool_wait_ms / 1e3,
+                         sc.LLM_LOAD_SEND_LAG_S: send_lag_ms / 1e3})
     return [client, server._replace(parent_id=client.span_id), *server_side[1:]]
 
 
@@ -47,3 +49,14 @@ def test_the_clients_own_pool_wait_is_not_counted_as_network() -> None:
     client = to_json(analyze(build_traceset(spans)))["client"]
     assert [0.004, 0.004] == [round(r["ttft_delta_s"], 6) for r in client["per_request"]]
     assert 0.015 == client["pool_wait_s"]["mean"]
+
+
+def test_client_e2e_counts_from_the_actual_send_not_from_the_spans_start() -> None:
+    """The CLIENT span starts at the intended send time; a request sent 3 ms late has the same
+    client - server e2e as one sent on time (the late send is the client's, not the network's)."""
+    spans = [*_client_request("1" * 32, 0.0, 0.0, 0, 10.0, send_lag_ms=3.0),
+             *_client_request("2" * 32, 100.0, 0.0, 0, 10.0)]
+    client = to_json(analyze(build_traceset(spans)))["client"]
+    late, on_time = client["per_request"]
+    assert round(on_time["client_e2e_s"], 6) == round(late["client_e2e_s"], 6)
+    assert 0.0 == round(client["e2e_delta_s"]["p99"] - client["e2e_delta_s"]["p50"], 6)

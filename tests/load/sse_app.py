@@ -5,7 +5,8 @@ It speaks both endpoints in OpenAI's wire formats (``text_completion`` chunks; c
 token per word), and records what it received and when (``app.state.log``). Knobs on
 ``app.state``: ``token_delay_s`` between chunks, ``stall_at`` (the request count that starts
 a stall) and ``stall_s`` (how long every request waits from then on), ``sse`` (False: a
-stream request is answered with plain JSON).
+stream request is answered with plain JSON), ``count_tokens`` (a prompt's text to the
+``usage.prompt_tokens`` reported, None for no ``usage``: another tokenizer's count).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ class Received:
     traceparent: str | None
 
 
+def sent_by_the_load(log: list[Received]) -> list[Received]:
+    """The requests of the load itself: not the preflight's probes (the lead word alone, and the
+    lead word with every prompt piece, which is all the calibration this server needs)."""
+    from llmtrace.load.prompts import LEAD, pool_probe
+
+    probes = {LEAD, pool_probe()}
+    return [r for r in log if r.prompt not in probes]
+
+
 def _chunk(chat: bool, text: str, first: bool) -> dict[str, Any]:
     if chat:
         delta = {"role": "assistant", "content": ""} if first else {"content": text}
@@ -48,6 +58,7 @@ def build_app() -> Any:
     app.state.stall_s = 0.0
     app.state.stall_until = None
     app.state.sse = True
+    app.state.count_tokens = lambda prompt: len(prompt.split())
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -69,8 +80,9 @@ def build_app() -> Any:
             state.stall_until = time.monotonic() + state.stall_s
         if state.stall_until is not None and time.monotonic() < state.stall_until:
             await asyncio.sleep(state.stall_until - time.monotonic())
-        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": max_tokens,
-                 "total_tokens": len(prompt.split()) + max_tokens}
+        counted = state.count_tokens(prompt)
+        usage = None if counted is None else {"prompt_tokens": counted, "completion_tokens": max_tokens,
+                                              "total_tokens": counted + max_tokens}
         if not body.get("stream") or not state.sse:
             text = "x " * max_tokens
             choice = {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0,
@@ -84,7 +96,7 @@ def build_app() -> Any:
             for _ in range(max_tokens):
                 await asyncio.sleep(state.token_delay_s)
                 yield f"data: {json.dumps(_chunk(chat, 'x ', False))}\n\n"
-            if (body.get("stream_options") or {}).get("include_usage"):
+            if usage is not None and (body.get("stream_options") or {}).get("include_usage"):
                 yield f"data: {json.dumps({'id': 'cmpl-1', 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
 

@@ -19,7 +19,7 @@ from llmtrace.load.arrivals import (
     plan_open_loop,
 )
 from llmtrace.load.model import Chaos, PlannedRequest
-from llmtrace.load.prompts import Calibration, PromptMaker, fit_calibration
+from llmtrace.load.prompts import PIECES, Calibration, PromptMaker, fit_calibration
 
 
 def test_levels_parse_lists_and_doubling_ranges() -> None:
@@ -71,23 +71,38 @@ def test_chaos_is_spread_evenly_over_the_schedule_in_turn() -> None:
         parse_chaos_kinds("explode")
 
 
-def test_prompts_are_sized_by_the_calibration_and_share_only_their_blocks() -> None:
-    calibration = fit_calibration([(16, 16 * 2 + 7), (64, 64 * 2 + 7)])  # 2 tokens a word, a 7-token template
-    assert Calibration(2.0, 7.0, True) == calibration
-    maker = PromptMaker(calibration)
-    assert 96 == len(maker.prompt(0, 7 + 2 * 96).split())
-    a, b = maker.prompt(1, 1000, (5,)), maker.prompt(2, 1000, (5,))
-    block_words = 256  # 512 tokens at 2 tokens a word
-    assert a.split()[:block_words] == b.split()[:block_words]
-    assert a.split()[block_words] != b.split()[block_words]
-    assert Calibration() == fit_calibration([(16, 5), (64, 5)])  # a server that ignores the prompt
-
-
-def test_a_smaller_prefix_block_shares_fewer_words() -> None:
-    """--prefix-block-tokens 32 at 2 tokens a word: 16 shared words, then the request's own."""
-    maker = PromptMaker(Calibration(2.0, 0.0, True), block_tokens=32)
+def test_uncalibrated_prompts_are_one_token_a_word_and_share_only_their_blocks() -> None:
+    """Lead word, the blocks that fit, the index in spaced digits, then words of the request's own."""
+    maker = PromptMaker(Calibration(), block_tokens=32)
+    assert ["the", "4", "2"] == maker.prompt(42, 10).split()[:3]
+    assert 10 == len(maker.prompt(42, 10).split())
     a, b = maker.prompt(1, 100, (3,)), maker.prompt(2, 100, (3,))
-    assert a.split()[:16] == b.split()[:16]
-    assert a.split()[16] != b.split()[16]
+    assert 1 + 32 + 1 + 66 == len(a.split()) == len(b.split())
+    assert a.split()[:33] == b.split()[:33]
+    assert a.split()[33:35] == ["1", a.split()[34]] and b.split()[33] == "2"
+    assert 1 + 1 + 8 == len(maker.prompt(1, 10, (3,)).split())  # a block that does not fit is left out
     with pytest.raises(ValueError, match="must be positive"):
         PromptMaker(Calibration(), block_tokens=0)
+
+
+def test_prompts_add_up_to_the_asked_count_with_words_of_several_tokens() -> None:
+    """With pieces of 1-4 tokens (a small-vocabulary tokenizer) every length from the floor (lead
+    word and index) up is met exactly, blocks included."""
+    costs = tuple(1 + i % 4 for i in range(len(PIECES)))
+    calibration = fit_calibration(3, [3 + c for c in costs])
+    assert Calibration(3, costs, True) == calibration
+    cost = dict(zip(PIECES, costs, strict=True))
+    maker = PromptMaker(calibration, block_tokens=40)
+
+    def counted(prompt: str) -> int:
+        return 3 + sum(cost[w] for w in prompt.split()[1:])
+
+    for index, tokens, blocks in ((0, 8, ()), (7, 9, ()), (123, 32, ()), (5, 500, (1, 2)), (6, 41, (1,)),
+                                  (99, 4000, (9,))):
+        assert tokens == counted(maker.prompt(index, tokens, blocks)), (index, tokens)
+    a, b = maker.prompt(8, 200, (1, 2)).split(), maker.prompt(9, 300, (1, 2)).split()
+    shared = a.index("8")  # pool words are never digits: the first digit starts the index
+    assert (a[:shared], "9") == (b[:shared], b[shared])
+    assert 3 + 2 * 40 == counted(" ".join(a[:shared]))
+    assert Calibration() == fit_calibration(3, [3] * len(PIECES))  # a server that ignores the prompt
+    assert Calibration() == fit_calibration(3, [4] * 3)  # not one count per piece

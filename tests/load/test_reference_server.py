@@ -128,17 +128,21 @@ def test_both_endpoints_streams_are_read_as_the_server_sent_them(traced_run: Pat
             assert request.attributes[key] == a[key]
         assert "llmtrace-tiny-gpt2" == a[semconv.GEN_AI_RESPONSE_MODEL]
         assert a[semconv.GEN_AI_RESPONSE_ID].endswith(request.attributes[semconv.GEN_AI_RESPONSE_ID])
-        assert 0 < a[semconv.LLM_CLIENT_TTFT_S] <= (client.end_ns - client.start_ns) / 1e9
-        if a[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] > 1:
+        # The span starts at the intended send time: it holds the send lag, then TTFT from the send.
+        duration_s = (client.end_ns - client.start_ns) / 1e9
+        assert 0 < a[semconv.LLM_CLIENT_TTFT_S] + a[semconv.LLM_LOAD_SEND_LAG_S] <= duration_s
+        # The server sends no chunk for a token that ends inside a UTF-8 character (the tiny model's
+        # random bytes often do): only more than one text chunk leaves a time between them.
+        if semconv.LLM_CLIENT_ITL_MAX_S in a:
             assert a[semconv.LLM_CLIENT_TPOT_S] > 0
 
 
 @pytest.mark.parametrize("client_file", ["client.jsonl", "chat.jsonl"])
 def test_prompts_are_calibrated_to_the_servers_own_prompt_token_count(traced_run: Path, client_file: str) -> None:
-    """Synthetic prompts sized through the fit to usage.prompt_tokens (chat template included):
-    the server's tokenizer counts what was asked for, to within a word or two."""
+    """Synthetic prompts sized from the server's own usage.prompt_tokens for each prompt piece
+    (chat template included): the server counts exactly the length asked for, every request."""
     pairs = _joined(traced_run, client_file)
-    errors = sorted(abs(c.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS]
-                        - c.attributes[semconv.LLM_LOAD_REQUESTED_INPUT_TOKENS])
-                    / c.attributes[semconv.LLM_LOAD_REQUESTED_INPUT_TOKENS] for c, _ in pairs)
-    assert errors[len(errors) // 2] <= 0.15, errors
+    asked = [(c.attributes[semconv.LLM_LOAD_REQUESTED_INPUT_TOKENS], c.attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS])
+             for c, _ in pairs]
+    assert len(asked) > 3
+    assert [a for a, _ in asked] == [counted for _, counted in asked]

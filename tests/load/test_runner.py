@@ -6,8 +6,10 @@ runs are in test_cli.py and test_reference_server.py, in subprocesses)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +19,9 @@ from llmtrace.load.arrivals import Lengths, make_steps, plan_open_loop
 from llmtrace.load.client import Target
 from llmtrace.load.live import Tally
 from llmtrace.load.model import Chaos, Outcome, PlannedRequest, Step
-from llmtrace.load.runner import LoadSpec, run_load
+from llmtrace.load.runner import LoadSpec, run_load, until
 from tests.helpers.servers import uvicorn_server
-from tests.load.sse_app import build_app
+from tests.load.sse_app import build_app, sent_by_the_load
 
 
 @pytest.fixture
@@ -43,12 +45,62 @@ def test_open_loop_requests_arrive_on_schedule(sse_server: tuple[str, Any]) -> N
     steps = make_steps([20.0], 1.5, closed_loop=False)
     planned = plan_open_loop(steps, Lengths(8, 4, "fixed"), rng=random.Random(0), arrival="constant")
     run = run_load(_spec(url, planned, steps), live=False)
-    arrivals = [r.at for r in app.state.log if r.prompt.split()[0].isdigit()]  # the probes carry no index
+    arrivals = [r.at for r in sent_by_the_load(app.state.log)]
     assert len(planned) == len(arrivals) == len(run.results)
+    assert all(r.send_lag_s >= 0 for r in run.results)  # never sent before its time
     first = arrivals[0]
     errors = sorted(abs((at - first) - (p.at_s - planned[0].at_s)) for at, p in zip(arrivals, planned, strict=True))
     assert errors[len(errors) // 2] < 0.02, errors  # median error
     assert errors[-1] < 0.15, errors
+
+
+def test_a_send_is_never_early_and_a_long_wait_is_slept_not_spun() -> None:
+    """until() returns at or after its time, also for waits under a timer's millisecond; of a
+    100 ms wait only the last stretch yields to the loop, so it costs a small part of the CPU a
+    busy wait would (no wall-clock bound asserted)."""
+    async def waits() -> float:
+        loop = asyncio.get_running_loop()
+        for ahead in (-0.001, 0.0, 0.0003, 0.002, 0.02):
+            when = loop.time() + ahead
+            await until(when)
+            assert loop.time() >= when
+        cpu = time.process_time()
+        await until(loop.time() + 0.1)
+        return time.process_time() - cpu
+
+    assert asyncio.run(waits()) < 0.05
+
+
+def _words_of_two_tokens(prompt: str) -> int:
+    """A 5-token template, and words of four letters or more are two tokens."""
+    return 5 + sum(2 if len(word) >= 4 else 1 for word in prompt.split())
+
+
+def _not_word_by_word(prompt: str) -> int:
+    """One token a word, and one more every ten words: counts that do not add up word by word."""
+    words = len(prompt.split())
+    return 5 + words + words // 10
+
+
+@pytest.mark.parametrize(("count", "warning"), [(_words_of_two_tokens, None),
+                                                (lambda prompt: None, "no usable usage.prompt_tokens"),
+                                                (_not_word_by_word, "prompt lengths are approximate")])
+def test_prompts_are_sized_by_the_servers_own_count_or_a_warning_says_why_not(
+        sse_server: tuple[str, Any], count: Any, warning: str | None) -> None:
+    """The preflight learns each prompt piece's cost from usage.prompt_tokens: where the server
+    counts word by word, every prompt comes to exactly the length asked for (block included);
+    where it reports no usage, or its counts do not add up, the run says so."""
+    url, app = sse_server
+    app.state.count_tokens = count
+    planned = [PlannedRequest(at_s=0.01 * i, input_tokens=tokens, output_tokens=2, prefix_blocks=blocks)
+               for i, (tokens, blocks) in enumerate([(20, ()), (97, ()), (300, (1,))])]
+    run = run_load(_spec(url, planned, prefix_block_tokens=64), live=False)
+    assert all(Outcome.OK is r.outcome for r in run.results)
+    if warning is None:
+        assert () == run.warnings
+        assert [20, 97, 300] == [r.prompt_tokens for r in run.results]
+    else:
+        assert 1 == len(run.warnings) and warning in run.warnings[0], run.warnings
 
 
 def test_a_stalled_server_shows_in_every_request_scheduled_during_the_stall(sse_server: tuple[str, Any]) -> None:
@@ -134,7 +186,7 @@ def test_worker_processes_share_one_schedule(sse_server: tuple[str, Any]) -> Non
     assert list(range(20)) == [r.index for r in run.results]
     assert all(Outcome.OK is r.outcome for r in run.results)
     assert 2 == run.self_check.processes
-    arrivals = sorted(r.at for r in app.state.log if any(w.isdigit() for w in r.prompt.split()))
+    arrivals = sorted(r.at for r in sent_by_the_load(app.state.log))
     assert 20 == len(arrivals)
     assert arrivals[-1] - arrivals[0] == pytest.approx(0.95, abs=0.15)
 

@@ -3,10 +3,12 @@
 When ``llmtrace load`` drove the server, each request's trace starts with the client's CLIENT
 span and continues with the server's SERVER span and ``llm.request``::
 
-    CLIENT  chat model                 send ........................ last chunk read
+    CLIENT  chat model        (due) send ........................ last chunk read
     └─ SERVER  POST /v1/chat/completions   |<- network + front end ->|
        └─ llm.request                         arrival ... first token ... finish
 
+The CLIENT span starts at the request's intended send time; the client's figures here count
+from its actual send (``llm.load.send_lag_s`` later), as the server's count from its arrival.
 Per request, client TTFT (``llm.client.ttft_s``, from the send) minus the wait for a
 connection of the client's own pool (``llm.load.pool_wait_s``, reported on its own) minus
 server TTFT (``gen_ai.latency.time_to_first_token``, from ``llm.request``'s arrival) is the
@@ -51,6 +53,7 @@ def _dist(values: Sequence[float]) -> dict[str, float] | None:
 def _row(r: RequestView, client: Span) -> dict[str, Any]:
     client_ttft = finite_number(client.attributes.get(sc.LLM_CLIENT_TTFT_S))
     pool_wait = finite_number(client.attributes.get(sc.LLM_LOAD_POOL_WAIT_S)) or 0.0
+    send_lag = finite_number(client.attributes.get(sc.LLM_LOAD_SEND_LAG_S)) or 0.0
     server_ttft = r.ttft_s
     return {
         "trace_id": r.trace.trace_id,
@@ -60,7 +63,7 @@ def _row(r: RequestView, client: Span) -> dict[str, Any]:
         "server_ttft_s": server_ttft,
         "pool_wait_s": pool_wait,
         "ttft_delta_s": None if client_ttft is None or server_ttft is None else client_ttft - pool_wait - server_ttft,
-        "client_e2e_s": client.duration_ns / 1e9,
+        "client_e2e_s": client.duration_ns / 1e9 - send_lag,
         "server_e2e_s": r.e2e_s,
         "start_ns": client.start_ns,
         "end_ns": client.end_ns,

@@ -10,7 +10,12 @@ Both endpoints, streamed and not, in the wire formats OpenAI documents:
   ``data: [DONE]`` ends the stream.
 
 The first chunk that carries text is the first token (TTFT); the gaps between text chunks are
-the inter-token latencies. Every latency counts from the request's *intended* send time.
+the inter-token latencies. Every latency counts from the request's *intended* send time. The
+actual send (``sent``, whence ``send_lag_s`` and the span's ``llm.client.ttft_s``) is taken
+right before the request is handed to aiohttp, where ``vllm bench serve`` takes its ``st``
+(its body is serialised after that point, ours before); a chunk's time is taken when its line
+has been read, before its JSON is parsed (vLLM's after); the answer ends when the stream is
+read to ``[DONE]`` (vLLM's at its last chunk with choices, before the usage chunk).
 """
 
 from __future__ import annotations
@@ -67,6 +72,19 @@ class Target:
         if self.ignore_eos:
             body["ignore_eos"] = True  # vLLM / SGLang: exactly max_tokens, for comparable runs
         return body
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready to go: its body, whether it streams, its CLIENT span and the headers
+    that carry it."""
+
+    data: bytes
+    stream: bool
+    span: Any
+    headers: dict[str, str]
+    #: The span's start: the intended send time on the wall clock.
+    start_ns: int
 
 
 class ProtocolError(Exception):
@@ -187,22 +205,31 @@ class Client:
         if self.session is not None:
             await self.session.close()
 
-    async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
-                   offered_qps: float | None = None, concurrency: int | None = None) -> RequestResult:
-        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it."""
-        assert self.session is not None, "use the client as an async context manager"
+    def prepare(self, index: int, planned: PlannedRequest, intended: float) -> Prepared:
+        """Everything before the send, done ahead of it: the body (a long prompt takes a while)
+        and the CLIENT span, started at the intended send time — the zero of every latency the
+        report gives (``llm.load.send_lag_s`` says how much later the request went out)."""
         stream = self.target.stream or planned.chaos in (Chaos.DISCONNECT, Chaos.SLOW_READER)
         prompt = self.prompts.prompt(index, planned.input_tokens, planned.prefix_blocks)
-        data = self._payload(prompt, planned, stream)
-        span, headers, start_ns = self.spans.begin()
-        sent = time.monotonic()
+        span, headers, start_ns = self.spans.begin(time.time_ns() + int((intended - time.monotonic()) * 1e9))
+        headers["Content-Type"] = "application/json"
+        return Prepared(self._payload(prompt, planned, stream), stream, span, headers, start_ns)
+
+    async def send(self, index: int, planned: PlannedRequest, intended: float, step_label: str = "",
+                   offered_qps: float | None = None, concurrency: int | None = None,
+                   prepared: Prepared | None = None) -> RequestResult:
+        """Send *planned* (intended at ``intended``, a ``time.monotonic()`` time, the driver's clock) and measure it."""
+        assert self.session is not None, "use the client as an async context manager"
+        if prepared is None:
+            prepared = self.prepare(index, planned, intended)
+        data, stream, headers = prepared.data, prepared.stream, prepared.headers
         reading = _Reading()
         gaps: list[float] = []
         status: int | None = None
         outcome, error = Outcome.OK, None
+        sent = time.monotonic()
         try:
-            async with self.session.post(self.target.base_url + self.target.path, data=data,
-                                         headers={**headers, "Content-Type": "application/json"},
+            async with self.session.post(self.target.base_url + self.target.path, data=data, headers=headers,
                                          trace_request_ctx=reading) as response:
                 status = response.status
                 if status >= 400:
@@ -226,8 +253,8 @@ class Client:
         if planned.chaos is not None and outcome is not Outcome.CANCELLED:
             outcome = Outcome.CHAOS  # whatever the server did, this was the chaos client's doing
         result = self._result(index, planned, intended, sent, ended, reading, gaps, outcome, error, status)
-        trace_id = self.spans.end(span, self._info(planned, step_label, offered_qps, concurrency, stream), result,
-                                  start_ns, start_ns + int((ended - sent) * 1e9))
+        trace_id = self.spans.end(prepared.span, self._info(planned, step_label, offered_qps, concurrency, stream),
+                                  result, prepared.start_ns, prepared.start_ns + int((ended - intended) * 1e9))
         return result if trace_id is None else _with_trace(result, trace_id)
 
     def _payload(self, prompt: str, planned: PlannedRequest, stream: bool) -> bytes:

@@ -1,8 +1,9 @@
 """Drive a load: preflight the server, send on schedule (or keep N clients busy), collect results.
 
-Open loop: the schedule is fixed before the first send; the driver sleeps until each
-request's intended time and starts it as its own task, never waiting for an answer, so a
-stalled server shows in every request scheduled during the stall. Closed loop: each step
+Open loop: the schedule is fixed before the first send; each request is its own task, started
+a little ahead of its intended time to build its body, which then waits for that time
+(:func:`until`) and sends, never waiting for an answer, so a stalled server shows in every
+request scheduled during the stall. Closed loop: each step
 keeps ``concurrency`` clients busy for its duration.
 
 Whatever ends a run — its end, Ctrl-C, an unexpected error — the results measured so far
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 
@@ -28,7 +30,17 @@ from llmtrace.load.arrivals import CHAOS_CYCLE, Lengths, chaos_for
 from llmtrace.load.client import Client, ProtocolError, Target, probe, probe_stream
 from llmtrace.load.live import REDRAW_S, LiveLine, Tally
 from llmtrace.load.model import Chaos, PlannedRequest, RequestResult, RunResult, SelfCheck, Step
-from llmtrace.load.prompts import PROBE_WORDS, Calibration, PromptMaker, fit_calibration, words
+from llmtrace.load.prompts import (
+    CHECK_TOKENS,
+    LEAD,
+    PIECES,
+    Calibration,
+    PromptMaker,
+    fit_calibration,
+    piece_probes,
+    pool_probe,
+    uniform,
+)
 from llmtrace.load.replay import MOONCAKE_BLOCK_TOKENS
 from llmtrace.load.telemetry import ClientSpans
 
@@ -36,6 +48,17 @@ from llmtrace.load.telemetry import ClientSpans
 START_DELAY_S = 0.2
 #: Preflight requests must answer within this; a server that cannot is not ready for load.
 PREFLIGHT_TIMEOUT_S = 60.0
+#: Calibration probes in flight at once (a server batches them; one at a time would take a
+#: round trip each).
+PROBES_AT_ONCE = 8
+#: An open-loop request's task starts this long before its send time, to build its body and
+#: get its task running while there is time: at the moment itself only the send is left.
+PREPARE_AHEAD_S = 0.005
+#: asyncio's timers fire up to 1 ms late (epoll waits whole milliseconds, rounded up), so the
+#: last stretch before a send is waited out yielding to the loop rather than sleeping. Bounded,
+#: so a long gap between sends sleeps and never keeps a core busy; yielding, so answers that
+#: arrive meanwhile are still read on time.
+SPIN_S = 0.0012
 
 
 @dataclass(frozen=True)
@@ -85,25 +108,53 @@ def _one_line(url: str, exc: BaseException) -> str:
 async def preflight(target: Target, calibrate: bool) -> tuple[Target, Calibration, list[str]]:
     """Check that *target* answers like an OpenAI server, learn its model name, calibrate prompts."""
     warnings: list[str] = []
+    calibration = Calibration()
     timeout = aiohttp.ClientTimeout(total=PREFLIGHT_TIMEOUT_S)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             if not target.model:
                 target = replace(target, model=await _served_model(session, target.base_url))
-            probes: list[tuple[int, int]] = []
-            for count in PROBE_WORDS if calibrate else PROBE_WORDS[:1]:
-                answer = await probe(session, target, words(count, random.Random(count)))
-                usage = answer.get("usage")
-                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                    probes.append((count, usage["prompt_tokens"]))
+            base = _prompt_tokens(await probe(session, target, LEAD))
+            if calibrate:
+                calibration, warning = await _calibrate(session, target, base)
+                warnings += [warning] if warning else []
             if target.stream:
-                await probe_stream(session, target, words(PROBE_WORDS[0], random.Random(0)))
+                await probe_stream(session, target, LEAD)
     except (aiohttp.ClientError, TimeoutError, ProtocolError, OSError) as exc:
         raise LLMTraceError(_one_line(target.base_url, exc)) from None
-    calibration = fit_calibration(probes) if calibrate else Calibration()
-    if calibrate and not calibration.measured:
-        warnings.append("the server reports no usable usage.prompt_tokens: prompts assume 1 token per word")
     return target, calibration, warnings
+
+
+def _prompt_tokens(answer: dict[str, Any]) -> int | None:
+    usage = answer.get("usage")
+    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) else None
+
+
+async def _calibrate(session: aiohttp.ClientSession, target: Target,
+                     base: int | None) -> tuple[Calibration, str | None]:
+    """The pieces' costs in the server's count (:mod:`llmtrace.load.prompts`), and a warning
+    when prompts cannot be sized exactly."""
+    uncounted = "the server reports no usable usage.prompt_tokens: prompts assume 1 token per word"
+    if base is None:
+        return Calibration(), uncounted
+    if _prompt_tokens(await probe(session, target, pool_probe())) == base + len(PIECES):
+        return uniform(base), None
+    limit = asyncio.Semaphore(PROBES_AT_ONCE)
+
+    async def count(text: str) -> int | None:
+        async with limit:
+            return _prompt_tokens(await probe(session, target, text))
+
+    counts = await asyncio.gather(*(count(text) for text in piece_probes()))
+    calibration = fit_calibration(base, [c if c is not None else 0 for c in counts])
+    if not calibration.measured:
+        return calibration, uncounted
+    check = _prompt_tokens(await probe(session, target, PromptMaker(calibration).prompt(0, CHECK_TOKENS)))
+    if check != CHECK_TOKENS:
+        return calibration, (f"a {CHECK_TOKENS}-token prompt came to {check} tokens in the server's count: its "
+                             "tokenizer does not add words up one by one, so prompt lengths are approximate")
+    return calibration, None
 
 
 async def _served_model(session: aiohttp.ClientSession, base_url: str) -> str:
@@ -144,15 +195,22 @@ class _Driver:
         for index in range(k, len(self.spec.planned), n):
             planned = self.spec.planned[index]
             intended = self.start + planned.at_s
-            delay = intended - time.monotonic()
+            delay = intended - PREPARE_AHEAD_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            step = self._step(planned.step)
-            task = asyncio.create_task(self.client.send(index, planned, intended, step.label, step.qps))
+            task = asyncio.create_task(self._send_at(index, planned, intended))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
             task.add_done_callback(self._record)
-            self.tally.sent += 1
+
+    async def _send_at(self, index: int, planned: PlannedRequest, intended: float) -> RequestResult:
+        """Build the request, wait for its moment, send it: one task, so nothing is left between
+        the wake-up and the send but the send."""
+        prepared = self.client.prepare(index, planned, intended)
+        await until(intended)
+        self.tally.sent += 1
+        step = self._step(planned.step)
+        return await self.client.send(index, planned, intended, step.label, step.qps, prepared=prepared)
 
     async def closed_loop(self, inflight: set[asyncio.Task[RequestResult]]) -> None:
         assert self.spec.lengths is not None
@@ -232,6 +290,16 @@ async def drive(spec: LoadSpec, calibration: Calibration, share: tuple[int, int]
         progress(tally)
     results.sort(key=lambda r: r.index)
     return results, interrupted
+
+
+async def until(when: float) -> None:
+    """Return at ``time.monotonic()`` *when*, to within a loop iteration (not a timer's millisecond)."""
+    loop = asyncio.get_running_loop()
+    delay = when - SPIN_S - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    while loop.time() < when:
+        await asyncio.sleep(0)
 
 
 async def _tick(progress: Callable[[Tally], None], tally: Tally) -> None:

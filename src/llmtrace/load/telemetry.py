@@ -1,10 +1,11 @@
 """The CLIENT span of each load request, and the ``gen_ai.client.operation.duration`` and
 ``gen_ai.client.token.usage`` metrics.
 
-The span starts when the request is sent, so its ``traceparent`` goes out with the request
-and the server's SERVER span becomes its child: one trace from the client's send to the
-last token. It is built once the answer is complete, with explicit start and end times, so
-nothing OTel-shaped happens while chunks arrive.
+The span is started before the request is sent, at its intended send time (the zero of the
+report's latencies), so its ``traceparent`` goes out with the request and the server's SERVER
+span becomes its child: one trace from the client's send to the last token. Starting it ahead
+keeps its cost out of the send; it is finished once the answer is complete, with an explicit
+end time, so nothing OTel-shaped happens while chunks arrive.
 
 Export goes through llmtrace's own setup (:func:`llmtrace.instrument` with no integrations):
 a file by default, OTLP when an endpoint is configured, anything ``LLMTRACE_EXPORTER`` says.
@@ -13,7 +14,6 @@ a file by default, OTLP when an endpoint is configured, anything ``LLMTRACE_EXPO
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +90,10 @@ class ClientSpans:
                 sc.METRIC_TOKEN_USAGE, unit="{token}", description="Tokens per request, as the server reported them",
                 explicit_bucket_boundaries_advisory=list(sc.TOKEN_USAGE_BUCKETS))
 
-    def begin(self) -> tuple[Any, dict[str, str], int]:
-        """(span context, headers carrying it, wall-clock start ns) at the moment of sending."""
+    def begin(self, start_ns: int) -> tuple[Any, dict[str, str], int]:
+        """(span, headers carrying it, its start) for a request due at wall-clock *start_ns*."""
         if not self.enabled:
-            return None, {}, time.time_ns()
-        start_ns = time.time_ns()
+            return None, {}, start_ns
         span = self._tracer.start_span("load", kind=SpanKind.CLIENT, start_time=start_ns)
         headers: dict[str, str] = {}
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
@@ -150,7 +149,7 @@ def _attributes(info: RequestInfo, r: RequestResult) -> dict[str, Any]:
         sc.GEN_AI_RESPONSE_FINISH_REASONS: [r.finish_reason] if r.finish_reason else None,
     }
     if r.ttft_s is not None:
-        optional[sc.LLM_CLIENT_TTFT_S] = r.ttft_s - r.send_lag_s  # from the send, like the span
+        optional[sc.LLM_CLIENT_TTFT_S] = r.ttft_s - r.send_lag_s  # from the actual send
     if r.itl_s:
         gaps = sorted(r.itl_s)
         optional.update({sc.LLM_CLIENT_ITL_MEAN_S: sum(gaps) / len(gaps), sc.LLM_CLIENT_ITL_P50_S: gaps[len(gaps) // 2],

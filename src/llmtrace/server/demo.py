@@ -64,14 +64,14 @@ def plan_demo(duration_s: float, max_requests: int | None, seed: int = 0) -> Any
 
 
 def _calibration() -> Any:
-    """Prompt tokens per word from the reference server's own tokenizer (no probe requests,
+    """What each prompt piece costs in the reference server's own tokenizer (no probe requests,
     which would show up in the analysis as requests of their own)."""
-    from llmtrace.load.prompts import PROBE_WORDS, fit_calibration, words
+    from llmtrace.load.prompts import LEAD, fit_calibration, piece_probes
     from llmtrace.server.app import TOKENIZER_CACHE
     from llmtrace.server.tiny_model import train_tokenizer
 
     tokenizer = train_tokenizer(cache_dir=TOKENIZER_CACHE)
-    return fit_calibration([(n, len(tokenizer.encode(words(n, random.Random(n))))) for n in PROBE_WORDS])
+    return fit_calibration(len(tokenizer.encode(LEAD)), [len(tokenizer.encode(text)) for text in piece_probes()])
 
 
 def run_load_against(base_url: str, duration_s: float, max_requests: int | None, concurrency: int,
