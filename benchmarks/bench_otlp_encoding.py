@@ -7,6 +7,9 @@ The spans are a real engine timeline (``llm.step`` with its batch's links, ``llm
 interleaved, best of ``--repeat`` (CPU time of this thread; on a shared machine only the
 best is comparable).
 
+The OTLP/JSON encoder runs twice: in Python and compiled (``native/src/otlp_json.rs``, the
+default where llmtrace-native is built), on the same spans; their texts are compared first.
+
     python benchmarks/bench_otlp_encoding.py [--batch 16] [--steps 128] [--repeat 7]
 """
 
@@ -52,13 +55,19 @@ def main() -> None:
     args = parser.parse_args()
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as protobuf_messages
 
-    from llmtrace._otel.otlp_json import encode_spans as otlp_json
+    from llmtrace._otel.otlp_json import COMPILED, encode_spans_python
 
     spans = spans_of_an_engine(args.batch, args.steps)
     encoders: dict[str, Callable[[Sequence[Any]], Any]] = {
         "SDK protobuf (grpc, http/protobuf)": lambda s: protobuf_messages(s).SerializeToString(),
-        "llmtrace OTLP/JSON (file, http/json)": lambda s: otlp_json(s).encode(),
+        "llmtrace OTLP/JSON, Python": lambda s: encode_spans_python(s).encode(),
     }
+    if COMPILED is not None:
+        encoders["llmtrace OTLP/JSON, compiled (default)"] = lambda s: COMPILED.encode(s).encode()
+    else:
+        print("the compiled encoder is not in use (llmtrace-native not built, or LLMTRACE_OTLP_ENCODER=python)")
+    if COMPILED is not None and COMPILED.encode(spans) != encode_spans_python(spans):
+        raise SystemExit("the compiled and Python OTLP/JSON encoders disagree on these spans")
     best = dict.fromkeys(encoders, float("inf"))
     for _ in range(args.repeat):
         for name, encode in encoders.items():
@@ -68,7 +77,7 @@ def main() -> None:
     print(f"{len(spans)} spans (engine, batch {args.batch}), best of {args.repeat}:")
     base = best["SDK protobuf (grpc, http/protobuf)"]
     for name, us in best.items():
-        print(f"  {name:<38} {us:7.1f} µs per span  ({us / base:.2f}x)")
+        print(f"  {name:<40} {us:7.2f} µs per span  ({us / base:.2f}x)")
 
 
 if __name__ == "__main__":

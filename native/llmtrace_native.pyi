@@ -1,13 +1,14 @@
-"""The compiled kernels of llmtrace's analyzer (native/src/lib.rs); reached only through
-``llmtrace.analysis._kernels``. CI checks this stub against the built module
+"""llmtrace's compiled core (native/src/lib.rs): the analyzer's kernels, reached only through
+``llmtrace.analysis._kernels``, and the OTLP/JSON span encoder, through
+``llmtrace._otel.otlp_json``. CI checks this stub against the built module
 (``python -m mypy.stubtest llmtrace_native``)."""
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "classify_gaps", "critical_path", "path_totals", "scans"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "classify_gaps", "critical_path", "path_totals", "scans"]
 
-#: Bumped with ``llmtrace.analysis._native.ABI_VERSION`` whenever a signature changes.
+#: Bumped with ``llmtrace._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
 
 _Interval = tuple[int, int]
@@ -111,6 +112,32 @@ class ChromeTraceEvents:
     def finish(self) -> str: ...
     def stats(self) -> tuple[int, int, int, int, int, int, int, int | None]: ...
     def nbytes(self) -> int: ...
+
+@final
+class OtlpJsonEncoder:
+    """SDK spans to OTLP/JSON text, the very text ``llmtrace._otel.otlp_json.encode_spans``
+    writes in Python (that module builds and drives it). ``readable_span``, ``span_context``,
+    ``status``: the SDK/API types whose fields it reads in place; ``kinds``/``codes``: the
+    ``SpanKind``/``StatusCode`` members and their OTLP numbers; ``span_text``, ``any_value``,
+    ``attributes``, ``resource_attributes``, ``quote``: the Python encoder's pieces, for what it
+    does not write itself; ``links``: the Python encoder's cache of link texts by ``id``."""
+
+    def __new__(
+        cls,
+        readable_span: type[Any],
+        span_context: type[Any],
+        status: type[Any],
+        kinds: Sequence[tuple[Any, int]],
+        codes: Sequence[tuple[Any, int]],
+        span_text: Callable[[Any], str],
+        any_value: Callable[[Any], str],
+        attributes: Callable[[Any], str],
+        resource_attributes: Callable[[Any], str],
+        quote: Callable[[Any], str],
+        links: dict[int, tuple[Any, str]],
+        links_max: int,
+    ) -> OtlpJsonEncoder: ...
+    def encode(self, spans: Iterable[Any], pause: Callable[[], object] | None = None) -> str: ...
 
 def classify_gaps(
     engine_id: str,

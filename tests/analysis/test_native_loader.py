@@ -1,4 +1,4 @@
-"""Loading the optional compiled core (analysis/_native.py): a build from another version
+"""Loading the optional compiled core (_native.py, analysis/_native.py): a build from another version
 or ``LLMTRACE_ANALYSIS_NATIVE=0`` leaves the Python code in charge, with the same results.
 
 The version-mismatch case uses a stand-in ``llmtrace_native`` module put in ``sys.modules``
@@ -28,7 +28,7 @@ def test_a_build_from_another_version_is_ignored_with_a_warning(
     stale.ABI_VERSION = _native.ABI_VERSION + 1  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "llmtrace_native", stale)
     monkeypatch.delenv("LLMTRACE_ANALYSIS_NATIVE", raising=False)
-    with caplog.at_level(logging.WARNING, logger="llmtrace.analysis._native"):
+    with caplog.at_level(logging.WARNING, logger="llmtrace._native"):
         assert _native._load() is None
     assert "another llmtrace version" in caplog.text and "pip install ./native" in caplog.text
 

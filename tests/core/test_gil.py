@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from llmtrace._otel import gil as _gil
@@ -20,20 +22,39 @@ def test_a_yield_once_per_interval_of_work(monkeypatch: pytest.MonkeyPatch) -> N
     assert [0, 0] == sleeps  # at 1000 and at 2000 (the interval restarts at each yield)
 
 
-def test_the_file_exporters_encoder_pauses_between_spans() -> None:
-    """encode_spans calls its pause hook once per span (the export thread passes GilYield.maybe)."""
+def _finished_spans(count: int) -> list[Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from llmtrace._otel.otlp_json import encode_spans
-
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    for name in ("a", "b", "c"):
-        provider.get_tracer("t").start_span(name).end()
+    for index in range(count):
+        provider.get_tracer("t").start_span(f"s{index}").end()
+    return list(exporter.get_finished_spans())
+
+
+def test_the_python_encoder_pauses_between_spans() -> None:
+    """encode_spans_python calls its pause hook once per span (the export thread passes GilYield.maybe)."""
+    from llmtrace._otel.otlp_json import encode_spans_python
+
+    spans = _finished_spans(3)
     calls: list[None] = []
-    text = encode_spans(exporter.get_finished_spans(), lambda: calls.append(None))
+    text = encode_spans_python(spans, lambda: calls.append(None))
     assert 3 == len(calls)
-    assert text == encode_spans(exporter.get_finished_spans())
+    assert text == encode_spans_python(spans)
+
+
+def test_the_compiled_encoder_pauses_every_few_spans() -> None:
+    """The compiled encoder writes a span in ~2 µs: it calls the pause hook every 32 spans, so
+    that a 512-span batch still gives the GIL back within the yield interval."""
+    from llmtrace._otel.otlp_json import COMPILED, encode_spans_python
+
+    if COMPILED is None:
+        pytest.skip("the compiled OTLP/JSON encoder is not in use (llmtrace-native not built: pip install ./native)")
+    spans = _finished_spans(100)
+    calls: list[None] = []
+    text = COMPILED.encode(spans, lambda: calls.append(None))
+    assert 3 == len(calls)  # after spans 32, 64 and 96
+    assert text == encode_spans_python(spans)

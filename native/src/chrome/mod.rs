@@ -10,8 +10,8 @@
 //! the reference uses.
 
 mod events;
-mod py;
-mod text;
+pub(crate) mod py;
+pub(crate) mod text;
 mod tracks;
 
 use std::collections::VecDeque;

@@ -10,19 +10,34 @@ The output is an ``ExportTraceServiceRequest`` in the protobuf JSON mapping as t
 collector's file exporter writes it: ids in hex, 64-bit integers as strings, enums as
 numbers, non-finite doubles as ``"NaN"``/``"Infinity"``/``"-Infinity"``.
 ``tests/core/test_otlp_json.py`` checks it against the SDK's own protobuf encoding.
+
+Where llmtrace's compiled core is built (``native/src/otlp_json.rs``), it writes the same
+text, byte for byte, several times faster (it reads an SDK span's fields in place and makes
+no Python object per field); what it does not write itself it hands to the functions here.
+``LLMTRACE_OTLP_ENCODER=python`` keeps it out (``tests/core/test_otlp_json_native.py``
+compares both; ``benchmarks/bench_otlp_encoding.py`` times both).
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote  # the C string encoder json.dumps uses
 from math import isfinite as _isfinite
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
+
+from llmtrace import _native
+
+if TYPE_CHECKING:
+    import llmtrace_native  # the stub, native/llmtrace_native.pyi
+
+_log = logging.getLogger(__name__)
 
 #: Attribute keys come from a small fixed vocabulary; a host that invents keys per
 #: request must not grow this without bound.
@@ -188,7 +203,15 @@ def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None
 
     *pause*, when given, is called between spans (an export thread passes
     :meth:`llmtrace._otel.gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
-    the GIL for tens of milliseconds)."""
+    the GIL for tens of milliseconds). The compiled encoder writes it where it is in use."""
+    if COMPILED is not None:
+        return COMPILED.encode(spans, pause)
+    return encode_spans_python(spans, pause)
+
+
+def encode_spans_python(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None = None) -> str:
+    """:func:`encode_spans` in Python (where the compiled encoder is not in use; the reference
+    the compiled one is tested against)."""
     resources: dict[int, tuple[Any, dict[tuple[str, str | None], list[str]]]] = {}
     trace_hex = _TraceIds()
     for span in spans:
@@ -207,3 +230,33 @@ def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None
         parts.append('{"resource":{"attributes":' + attributes(resource.attributes if resource else None) + "},"
                      '"scopeSpans":[' + ",".join(scope_parts) + "]}")
     return '{"resourceSpans":[' + ",".join(parts) + "]}"
+
+
+# --------------------------------------------------------------------------- the compiled encoder
+def _span_alone(span: ReadableSpan) -> str:
+    return _span(span, _TraceIds())
+
+
+def _resource_attributes(resource: Any) -> str:
+    return attributes(resource.attributes if resource else None)
+
+
+def _compiled_encoder() -> llmtrace_native.OtlpJsonEncoder | None:
+    """The compiled encoder, given the pieces of this one it hands work back to; ``None`` where
+    it is not built or ``LLMTRACE_OTLP_ENCODER=python`` asks for this one."""
+    choice = os.environ.get("LLMTRACE_OTLP_ENCODER", "")
+    if choice not in ("", "native", "python"):
+        _log.warning("LLMTRACE_OTLP_ENCODER=%r is not one of native, python: using the default", choice)
+    if choice == "python":
+        return None
+    module = _native.load()
+    if module is None:
+        return None
+    encoder: llmtrace_native.OtlpJsonEncoder = module.OtlpJsonEncoder(
+        ReadableSpan, SpanContext, Status, list(_KIND.items()), [(code, int(text)) for code, text in _STATUS.items()],
+        _span_alone, any_value, attributes, _resource_attributes, _quote, _link_text, _MAX_CACHED_LINKS)
+    return encoder
+
+
+#: The compiled encoder (``llmtrace_native.OtlpJsonEncoder``), or ``None``: this module's Python.
+COMPILED: llmtrace_native.OtlpJsonEncoder | None = _compiled_encoder()
