@@ -227,6 +227,9 @@ def main() -> None:
         child(args.child, args.out)
         return
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    if args.baseline_src and not Path(args.baseline_src, "src", "llmtrace", "__init__.py").is_file():
+        parser.error(f"--baseline-src {args.baseline_src}: no src/llmtrace/__init__.py there (give the checkout's "
+                     f"root, not its src/)")
     if args.baseline_src:
         arms += [f"{arm}@{BASELINE}" for arm in arms if arm in CONFIGS and arm != "untraced"]
     unknown = [arm for arm in arms if arm.partition("@")[0] not in CONFIGS]
