@@ -22,6 +22,7 @@ whole process's CPU (with the span builder and exporters). Medians over the roun
     python benchmarks/bench_asgi_request.py [--requests 3000] [--rounds 3] [--chunks 33] [--json]
     python benchmarks/bench_asgi_request.py --instructions     # callgrind: stable, ~15 minutes
     python benchmarks/bench_asgi_request.py --instructions --arms production --jobs 4
+    python benchmarks/bench_asgi_request.py --instructions --requests 1400 --base 200   # GC amortised
 
 CPU time on a shared VM moves by 2x between runs of the same arm (the host's speed changes),
 so read the CPU-time table as ratios within a round; ``--instructions`` counts instead.
@@ -125,10 +126,13 @@ def child(arm: str, requests: int, chunks: int, exit_at_once: bool = False) -> N
             os._exit(0)
 
 
-def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1) -> dict[str, dict[str, float]]:
-    """Instructions per request, per arm: ``callgrind`` totals of runs of 600 and 200 requests,
-    differenced (start-up and warm-up cancel out) and divided by 400 — stable where CPU time is
-    not on a shared VM. The serving thread alone, and all threads (builder, exporters).
+def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1, requests: int = 600,
+                       base: int = 200) -> dict[str, dict[str, float]]:
+    """Instructions per request, per arm: ``callgrind`` totals of runs of *requests* and *base*
+    requests, differenced (start-up and warm-up cancel out) and divided by their difference —
+    stable where CPU time is not on a shared VM. The serving thread alone, and all threads
+    (builder, exporters). A longer difference (``--requests 1400``) amortises the garbage
+    collector's full collections, which otherwise fall inside one window and not the other.
 
     The serving thread's count is exact. The other threads batch by wall-clock time (the span
     builder every 50 ms, the span exporter every second), which valgrind slows 50-fold: each of
@@ -148,12 +152,12 @@ def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1)
 
     # Each count is of its own process, so runs may overlap (--jobs) without changing the counts.
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = {(arm, requests): pool.submit(totals, arm, requests) for arm in arms for requests in (600, 200)}
+        runs = {(arm, count): pool.submit(totals, arm, count) for arm in arms for count in (requests, base)}
     result: dict[str, dict[str, float]] = {}
     for arm in arms:
-        (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, 600].result(), runs[arm, 200].result()
-        result[arm] = {"thread_instructions": (thread_hi - thread_lo) / 400,
-                       "all_instructions": (all_hi - all_lo) / 400}
+        (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, requests].result(), runs[arm, base].result()
+        result[arm] = {"thread_instructions": (thread_hi - thread_lo) / (requests - base),
+                       "all_instructions": (all_hi - all_lo) / (requests - base)}
         print(f"{arm:<11} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
               f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
     return result
@@ -161,7 +165,11 @@ def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=None,
+                        help="counted requests (3000; with --instructions the longer run's, 600)")
+    parser.add_argument("--base", type=int, default=200,
+                        help="--instructions: the shorter run's requests (a longer difference amortises where the "
+                             "garbage collector's full collections fall)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--chunks", type=int, default=33, help="streamed messages per response (32 tokens + [DONE])")
     parser.add_argument("--json", action="store_true")
@@ -175,6 +183,10 @@ def main() -> int:
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--exit-at-once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.requests is None:
+        args.requests = 600 if args.instructions else 3000
+    if args.instructions and args.requests <= args.base:
+        parser.error(f"--requests {args.requests} must be more than --base {args.base}")
     if args.child:
         child(args.child, args.requests, args.chunks, args.exit_at_once)
         return 0
@@ -184,7 +196,7 @@ def main() -> int:
         if unknown:
             parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
         arms = tuple(arm for arm in ARMS if arm == "untraced" or arm in chosen)
-        counted = count_instructions(args.chunks, arms, args.jobs)
+        counted = count_instructions(args.chunks, arms, args.jobs, args.requests, args.base)
         base = counted["untraced"]
         for arm in arms[1:]:
             counted[arm]["added_thread"] = counted[arm]["thread_instructions"] - base["thread_instructions"]
