@@ -565,9 +565,29 @@ impl OtlpJsonEncoder {
         out.push(b'[');
         let mut first = true;
         if let Ok(d) = attrs.cast_exact::<PyDict>() {
-            for (key, value) in d.iter() {
-                if !self.key_value(py, out, &key, &value, &mut first)? {
-                    return Ok(false);
+            // `PyDict_Next` itself rather than pyo3's iterator, which panics when the dict
+            // changes size meanwhile: the Python code a value may be handed to could let
+            // another thread change it, and a panic must not reach the export thread.
+            let size = d.len();
+            let mut position: ffi::Py_ssize_t = 0;
+            let mut key_ptr = std::ptr::null_mut();
+            let mut value_ptr = std::ptr::null_mut();
+            // SAFETY: `d` is a live dict and the GIL is held; `PyDict_Next` bounds-checks
+            // `position` itself, so a dict changed meanwhile is walked safely (as C code
+            // does); the borrowed key and value are made strong references at once.
+            while unsafe {
+                ffi::PyDict_Next(d.as_ptr(), &mut position, &mut key_ptr, &mut value_ptr)
+            } != 0
+            {
+                // SAFETY: non-null borrowed references from `PyDict_Next`, owned from here on.
+                let (key, value) = unsafe {
+                    (
+                        Bound::from_borrowed_ptr(py, key_ptr),
+                        Bound::from_borrowed_ptr(py, value_ptr),
+                    )
+                };
+                if !self.key_value(py, out, &key, &value, &mut first)? || d.len() != size {
+                    return Ok(false); // (changed meanwhile: the Python encoder meets it as it does)
                 }
             }
         } else {

@@ -143,6 +143,25 @@ def test_resources_and_scopes_group_in_first_seen_order() -> None:
     assert 2 == text.count('"resource":')
 
 
+class _Grows:
+    """A value whose ``str()`` adds a key to the attributes it sits in (the Python code a value is
+    handed to may let another thread change the dict)."""
+
+    def __init__(self, attributes: dict[str, Any]) -> None:
+        self.attributes = attributes
+
+    def __str__(self) -> str:
+        self.attributes[f"added{len(self.attributes)}"] = 1
+        return "grown"
+
+
+def _growing_span() -> ReadableSpan:
+    attributes: dict[str, Any] = {"a": 1}
+    attributes["b"] = _Grows(attributes)
+    attributes["c"] = "after"
+    return _span(attributes=attributes)
+
+
 class _Duck:
     """A span object that is not the SDK's ReadableSpan: read through its public properties."""
 
@@ -182,6 +201,7 @@ def _hostile() -> list[tuple[str, Callable[[], list[Any]]]]:
         ("events None", lambda: [_span(events=None)]),
         ("link with a bad context", lambda: [_span(links=(Link(None),))]),  # type: ignore[arg-type]
         ("not a span", lambda: [object()]),
+        ("attributes changed while written", lambda: [_growing_span()]),
         ("empty batch", lambda: []),
     ]
 

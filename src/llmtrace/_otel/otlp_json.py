@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from llmtrace import _native
+from llmtrace._safety import record_error
 
 if TYPE_CHECKING:
     import llmtrace_native  # the stub, native/llmtrace_native.pyi
@@ -205,7 +206,14 @@ def encode_spans(spans: Sequence[ReadableSpan], pause: Callable[[], None] | None
     :meth:`llmtrace._otel.gil.GilYield.maybe`, so that a batch of hundreds of spans does not hold
     the GIL for tens of milliseconds). The compiled encoder writes it where it is in use."""
     if COMPILED is not None:
-        return COMPILED.encode(spans, pause)
+        try:
+            return COMPILED.encode(spans, pause)
+        except BaseException as exc:
+            # A bug in the compiled code surfaces as pyo3's PanicException, a BaseException the
+            # export thread would not survive: counted, and this batch written in Python.
+            if type(exc).__name__ != "PanicException":
+                raise
+            record_error("otlp_json.compiled", exc)
     return encode_spans_python(spans, pause)
 
 
