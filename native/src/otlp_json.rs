@@ -153,8 +153,8 @@ impl OtlpJsonEncoder {
             };
             if !written {
                 text.truncate(mark);
-                let written = self.span_text.bind(py).call1((&span,))?;
-                text.extend_from_slice(written.cast::<PyString>()?.to_str()?.as_bytes());
+                let python_text = self.span_text.bind(py).call1((&span,))?;
+                text.extend_from_slice(python_text.cast::<PyString>()?.to_str()?.as_bytes());
             }
         }
         let mut out: Vec<u8> = b"{\"resourceSpans\":[".to_vec();
