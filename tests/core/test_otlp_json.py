@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+import pytest
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode_spans
 from opentelemetry.sdk.resources import Resource
@@ -73,3 +74,39 @@ def test_encoding_matches_the_sdks_protobuf_encoding() -> None:
 
 def test_one_batch_is_one_line() -> None:
     assert "\n" not in encode_spans(_spans())
+
+
+class PanicException(BaseException):  # named as pyo3's: the guard recognises it by name
+    """Stands in for pyo3's ``PanicException`` (a compiled-code bug cannot be provoked on purpose)."""
+
+
+class _PanickingEncoder:
+    """A test double at the compiled encoder's seam: its ``encode`` panics."""
+
+    def encode(self, spans: Any, pause: Any = None) -> str:
+        raise PanicException("index out of bounds")
+
+
+def test_a_panic_in_the_compiled_encoder_is_counted_and_the_batch_written_in_python(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmtrace._otel import otlp_json
+    from llmtrace._safety import error_counts
+
+    monkeypatch.setattr(otlp_json, "COMPILED", _PanickingEncoder())
+    before = error_counts().get("otlp_json.compiled", 0)
+    spans = _spans()
+    assert otlp_json.encode_spans_python(spans) == encode_spans(spans)
+    assert before + 1 == error_counts().get("otlp_json.compiled", 0)
+
+
+def test_other_errors_of_the_compiled_encoder_propagate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a panic is caught: an error the Python encoder would raise too (a bad span) is raised."""
+    from llmtrace._otel import otlp_json
+
+    class _Raising:
+        def encode(self, spans: Any, pause: Any = None) -> str:
+            raise TypeError("first argument must be a string, not int")
+
+    monkeypatch.setattr(otlp_json, "COMPILED", _Raising())
+    with pytest.raises(TypeError):
+        encode_spans(_spans())
