@@ -149,20 +149,24 @@ def traced_prepare(prepare: Any) -> Any:
     they are sent, and the response's first write will note the first byte. (Called twice for a
     response the handler prepared itself: aiohttp prepares every response the handler returns.)"""
 
-    async def prepare_traced(self: Any, request: Any) -> Any:
+    def prepare_traced(self: Any, request: Any) -> Any:
+        # A plain function that returns aiohttp's own coroutine: no coroutine of llmtrace's per
+        # call (two calls per response). Callers await it at once, as aiohttp's own do.
         call = _stamping.get()
         if call is not None and not call.stamped:
             call.stamp(self, timing=False)
         exchange = _find_exchange()
         if exchange is not None and exchange.scope.first_byte_ns is None:
-            _time_first_write(self, exchange)
-        return await prepare(self, request)
+            try:
+                _time_first_write(self, exchange)
+            except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host (no guard frame per call)
+                record_error("aiohttp.first_write", exc)
+        return prepare(self, request)
 
     prepare_traced.__wrapped__ = prepare  # type: ignore[attr-defined]
     return prepare_traced
 
 
-@guarded("aiohttp.first_write")
 def _time_first_write(response: Any, exchange: Exchange) -> None:
     """Make *response*'s next ``write`` note the first byte, once: an instance attribute in front of
     the class's method, removed by its first call (later chunks find the class's, untouched)."""
