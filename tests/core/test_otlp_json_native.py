@@ -21,8 +21,10 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from llmtrace import EngineTracer
 from llmtrace._otel import otlp_json
 from llmtrace._otel.otlp_json import COMPILED, encode_spans_python
+from tests.core.conftest import InstallRuntime
 from tests.core.test_otlp_json import _spans as sdk_spans
 
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled OTLP/JSON encoder is not in use "
@@ -108,12 +110,24 @@ def test_sdk_spans_match() -> None:
     assert '"resourceSpans"' in _same(sdk_spans())
 
 
-def test_llmtrace_engine_spans_match() -> None:
-    """The spans an engine window emits (a step's links and request ids)."""
-    from benchmarks.bench_otlp_encoding import spans_of_an_engine
-
-    spans = spans_of_an_engine(batch=8, steps=8)
-    assert len(spans) >= 24
+def test_llmtrace_engine_spans_match(runtime_with: InstallRuntime) -> None:
+    """The spans an engine window emits (a step's links and request ids), built by llmtrace's
+    span builder under a test-local runtime."""
+    captured = runtime_with(engine_window_steps=8, engine_window_s=3600)
+    engine = EngineTracer("enc")
+    ids = [f"r{i}" for i in range(8)]
+    for rid in ids:
+        engine.tracker.add(rid)
+    for _ in range(8):
+        step = engine.begin_step()
+        step.mark("schedule")
+        step.batch(ids, decode_tokens=len(ids))
+        step.mark("forward")
+        step.tokens()
+        engine.end_step(step)
+    engine.flush_window()
+    spans = captured.spans()
+    assert len(spans) >= 17
     assert '"links"' in _same(spans)
 
 
