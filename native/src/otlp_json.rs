@@ -24,9 +24,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 
 use crate::chrome::py::code_points;
-use crate::chrome::text::{push_ascii_escaped_code_points, push_i128, push_repr_f64};
+use crate::chrome::text::{push_ascii_escaped_code_points, push_hex, push_i128, push_repr_f64};
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Spans written between two calls of the caller's `pause` (its GIL yield).
 const SPANS_PER_PAUSE: usize = 32;
 
@@ -289,13 +288,7 @@ impl OtlpJsonEncoder {
         span: &Bound<'py, PyAny>,
     ) -> PyResult<Option<Fields<'py>>> {
         if span.get_type().as_ptr() == self.readable_span.as_ptr() {
-            // SAFETY: `span` is live and the GIL is held; a new reference or NULL comes back.
-            let dict = unsafe { ffi::PyObject_GenericGetDict(span.as_ptr(), std::ptr::null_mut()) };
-            if dict.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            // SAFETY: a new non-null reference, taken over here.
-            let dict = unsafe { Bound::from_owned_ptr(py, dict) };
+            let dict = instance_dict(span)?;
             let dict = dict.cast::<PyDict>()?;
             let get = |key: &Bound<'py, PyString>| dict.get_item(key);
             let (Some(name), Some(context), Some(kind), Some(parent), Some(start), Some(end)) = (
@@ -407,14 +400,7 @@ impl OtlpJsonEncoder {
         out.extend_from_slice(b"\",\"attributes\":");
         self.attributes(py, out, &f.attributes)?;
         let (code, description) = if f.status.get_type().as_ptr() == self.status.as_ptr() {
-            // SAFETY: `f.status` is live and the GIL is held; a new reference or NULL.
-            let dict =
-                unsafe { ffi::PyObject_GenericGetDict(f.status.as_ptr(), std::ptr::null_mut()) };
-            if dict.is_null() {
-                return Err(PyErr::fetch(py));
-            }
-            // SAFETY: a new non-null reference, taken over here.
-            let dict = unsafe { Bound::from_owned_ptr(py, dict) };
+            let dict = instance_dict(&f.status)?;
             let dict = dict.cast::<PyDict>()?;
             match (
                 dict.get_item(intern!(py, "_status_code"))?,
@@ -656,10 +642,7 @@ impl OtlpJsonEncoder {
             return Ok(());
         }
         if is_int {
-            let mut overflow = 0;
-            // SAFETY: `p` is an exact int; overflow is reported, not raised.
-            let n = unsafe { ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
-            if overflow == 0 {
+            if let Some(n) = exact_i64(value) {
                 out.extend_from_slice(b"{\"intValue\":\"");
                 push_i128(out, i128::from(n));
                 out.extend_from_slice(b"\"}");
@@ -748,26 +731,35 @@ fn push_time(out: &mut Vec<u8>, value: &Bound<'_, PyAny>) -> bool {
         out.push(b'0');
         return true;
     }
-    let p = value.as_ptr();
-    // SAFETY: `p` is live; the check reads its type only.
-    if unsafe { ffi::PyLong_CheckExact(p) } == 0 {
+    let Some(n) = exact_i64(value) else {
         return false;
-    }
-    let mut overflow = 0;
-    // SAFETY: `p` is an exact int; overflow is reported, not raised.
-    let n = unsafe { ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
-    if overflow != 0 {
-        return false;
-    }
+    };
     push_i128(out, i128::from(n));
     true
 }
 
-/// `v` as `digits` lowercase hex digits (zero-padded; `v` fits them).
-fn push_hex(out: &mut Vec<u8>, v: u128, digits: u32) {
-    for shift in (0..digits).rev() {
-        out.push(HEX[((v >> (shift * 4)) & 0xf) as usize]);
+/// An exact `int` that fits 64 bits (no subclass: a bool or an IntEnum is written otherwise).
+fn exact_i64(value: &Bound<'_, PyAny>) -> Option<i64> {
+    let p = value.as_ptr();
+    // SAFETY: `p` is live (`value` is a `Bound`); the check reads its type only.
+    if unsafe { ffi::PyLong_CheckExact(p) } == 0 {
+        return None;
     }
+    let mut overflow = 0;
+    // SAFETY: `p` is an exact int; overflow is reported, not raised.
+    let n = unsafe { ffi::PyLong_AsLongLongAndOverflow(p, &mut overflow) };
+    (overflow == 0).then_some(n)
+}
+
+/// The instance dict of `value` (made if it had none yet).
+fn instance_dict<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    // SAFETY: `value` is live and the GIL is held; a new reference or NULL comes back.
+    let dict = unsafe { ffi::PyObject_GenericGetDict(value.as_ptr(), std::ptr::null_mut()) };
+    if dict.is_null() {
+        return Err(PyErr::fetch(value.py()));
+    }
+    // SAFETY: a new non-null reference, taken over here.
+    Ok(unsafe { Bound::from_owned_ptr(value.py(), dict) })
 }
 
 /// A string (a subclass by its text) quoted as `json.dumps` quotes it.

@@ -73,6 +73,13 @@ fn push_u_escape(out: &mut Vec<u8>, unit: u16) {
     }
 }
 
+/// `v` as `digits` lowercase hex digits (zero-padded; `v` fits them).
+pub(crate) fn push_hex(out: &mut Vec<u8>, v: u128, digits: u32) {
+    for shift in (0..digits).rev() {
+        out.push(HEX[((v >> (shift * 4)) & 0xf) as usize]);
+    }
+}
+
 /// An unsigned integer in decimal.
 pub(crate) fn push_u128(out: &mut Vec<u8>, mut v: u128) {
     let mut digits = [0u8; 40];
