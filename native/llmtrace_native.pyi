@@ -6,7 +6,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "classify_gaps", "critical_path", "path_totals", "scans"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans"]
 
 #: Bumped with ``llmtrace._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
@@ -138,6 +138,13 @@ class OtlpJsonEncoder:
         links_max: int,
     ) -> OtlpJsonEncoder: ...
     def encode(self, spans: Iterable[Any], pause: Callable[[], object] | None = None) -> str: ...
+
+def asgi_send(downstream: Callable[[Any], Any], observe: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """The ``send`` an ASGI app gets under llmtrace's SERVER span
+    (``llmtrace.integrations._asgi_server``): once ``observe`` has returned for a message of type
+    ``http.response.body`` with a non-empty ``body``, a message that is an exact ``dict`` with a
+    true ``more_body`` goes to ``downstream`` directly; every other message to ``observe``.
+    Returns what the callee returns (the server's awaitable)."""
 
 def classify_gaps(
     engine_id: str,

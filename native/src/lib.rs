@@ -897,6 +897,7 @@ fn is_id(s: &str, len: usize) -> bool {
     s.len() == len && s.is_ascii()
 }
 
+mod asgi_send;
 mod chrome;
 mod critical_path;
 mod gpu_idle;
@@ -909,12 +910,13 @@ mod table;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 6)?;
+    m.add("ABI_VERSION", 7)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
     m.add_class::<chrome::ChromeTraceEvents>()?;
     m.add_class::<otlp_json::OtlpJsonEncoder>()?;
+    m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;

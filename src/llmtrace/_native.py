@@ -7,17 +7,20 @@ this build of it may be called.
   across checkouts): ignored with one warning, never called with arguments it does not
   expect.
 
-The analyzer (:mod:`llmtrace.analysis._native`) and the OTLP/JSON encoder
-(:mod:`llmtrace._otel.otlp_json`) each add their own switch to turn it off.
+The analyzer (:mod:`llmtrace.analysis._native`), the OTLP/JSON encoder
+(:mod:`llmtrace._otel.otlp_json`) and the ASGI server span's ``send``
+(:mod:`llmtrace.integrations._asgi_server`) each add their own switch to turn it off
+(:func:`chosen_by`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from types import ModuleType
 
 #: Bump together with ``ABI_VERSION`` in native/src/lib.rs whenever a signature changes.
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 _log = logging.getLogger(__name__)
 
@@ -38,3 +41,12 @@ def load() -> ModuleType | None:
         )
         return None
     return llmtrace_native
+
+
+def chosen_by(variable: str) -> ModuleType | None:
+    """:func:`load`, unless the environment variable ``variable`` is ``python`` (the Python
+    code, which stays the reference). ``native`` or unset: the compiled module where built."""
+    choice = os.environ.get(variable, "")
+    if choice not in ("", "native", "python"):
+        _log.warning("%s=%r is not one of native, python: using the default", variable, choice)
+    return None if choice == "python" else load()

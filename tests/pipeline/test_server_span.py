@@ -81,12 +81,19 @@ def build_app() -> Any:
     return app
 
 
-@pytest.fixture
-def serve(capture_spans: Any) -> Iterator[Any]:
-    """``with serve(**options) as (url, captured):`` — the app above, llmtrace on with *options*."""
+@pytest.fixture(params=["compiled send", "python send"])
+def serve(request: pytest.FixtureRequest, capture_spans: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``with serve(**options) as (url, captured):`` — the app above, llmtrace on with *options*;
+    each test runs with the compiled ``send`` (llmtrace-native) and with the Python one."""
     from contextlib import contextmanager
 
+    from llmtrace.integrations import _asgi_server
     from tests.helpers import servers
+
+    if request.param == "python send":
+        monkeypatch.setattr(_asgi_server, "COMPILED_SEND", None)
+    elif _asgi_server.COMPILED_SEND is None:
+        pytest.skip("the compiled send is not in use (llmtrace-native not built, or LLMTRACE_ASGI_SEND=python)")
 
     @contextmanager
     def start(app: Any = None, **options: Any) -> Iterator[tuple[str, CapturedTelemetry]]:

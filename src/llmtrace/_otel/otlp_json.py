@@ -21,9 +21,7 @@ compares both; ``benchmarks/bench_otlp_encoding.py`` times both).
 from __future__ import annotations
 
 import base64
-import logging
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from json.encoder import encode_basestring_ascii as _quote  # the C string encoder json.dumps uses
 from math import isfinite as _isfinite
@@ -37,8 +35,6 @@ from llmtrace._safety import record_error
 
 if TYPE_CHECKING:
     import llmtrace_native  # the stub, native/llmtrace_native.pyi
-
-_log = logging.getLogger(__name__)
 
 #: Attribute keys come from a small fixed vocabulary; a host that invents keys per
 #: request must not grow this without bound.
@@ -252,12 +248,7 @@ def _resource_attributes(resource: Any) -> str:
 def _compiled_encoder() -> llmtrace_native.OtlpJsonEncoder | None:
     """The compiled encoder, given the pieces of this one it hands work back to; ``None`` where
     it is not built or ``LLMTRACE_OTLP_ENCODER=python`` asks for this one."""
-    choice = os.environ.get("LLMTRACE_OTLP_ENCODER", "")
-    if choice not in ("", "native", "python"):
-        _log.warning("LLMTRACE_OTLP_ENCODER=%r is not one of native, python: using the default", choice)
-    if choice == "python":
-        return None
-    module = _native.load()
+    module = _native.chosen_by("LLMTRACE_OTLP_ENCODER")
     if module is None:
         return None
     encoder: llmtrace_native.OtlpJsonEncoder = module.OtlpJsonEncoder(
