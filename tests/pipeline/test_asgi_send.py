@@ -163,3 +163,17 @@ def test_a_cycle_through_the_compiled_send_is_collected() -> None:
     del call
     gc.collect()
     assert alive() is None
+
+
+@pytest.mark.parametrize(("value", "compiled", "warns"), [("", True, False), ("native", True, False),
+                                                          ("python", False, False), ("rust", True, True)])
+def test_the_send_is_chosen_by_the_environment(value: str, compiled: bool, warns: bool,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """``LLMTRACE_ASGI_SEND``: python keeps the Python ``send``; native or unset the compiled one;
+    anything else warns, naming the variable, and keeps the default."""
+    monkeypatch.setenv("LLMTRACE_ASGI_SEND", value)
+    with caplog.at_level("WARNING", logger="llmtrace._native"):
+        chosen = _asgi_server._compiled_send()
+    assert (chosen is not None) == compiled
+    assert warns == any("LLMTRACE_ASGI_SEND='rust'" in r.getMessage() for r in caplog.records)
