@@ -13,8 +13,8 @@
 //! the observer alone would. It holds the observer and the observer's call does not hold it:
 //! no reference cycle per HTTP call.
 //!
-//! The function is a builtin of the `METH_O` kind bound to its state (`AsgiSend`), the
-//! cheapest call CPython has: no argument tuple, no keyword parsing, no trampoline. (A
+//! The function is a `METH_FASTCALL` builtin bound to its state (`AsgiSend`), one of the
+//! cheapest calls CPython has: no argument tuple, no keyword parsing, no trampoline. (A
 //! `__call__` of a pyo3 class costs ~400 instructions a call in those, as much as the Python
 //! frame it replaces.) Its body uses only C-API calls that cannot panic.
 
@@ -67,8 +67,10 @@ unsafe impl Sync for MethodDef {}
 
 static SEND_DEF: MethodDef = MethodDef(ffi::PyMethodDef {
     ml_name: c"send".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer { PyCFunction: send },
-    ml_flags: ffi::METH_O,
+    ml_meth: ffi::PyMethodDefPointer {
+        PyCFunctionFastWithKeywords: send,
+    },
+    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
     ml_doc: c"The ASGI app's send(message) under llmtrace's SERVER span.".as_ptr(),
 });
 
@@ -108,11 +110,16 @@ pub(crate) fn asgi_send<'py>(
     }
 }
 
-/// The `METH_O` body: `slf` is the `AsgiSend` the function was made with, `message` the one
-/// argument. Returns a new reference, or NULL with the callee's exception set.
+/// The builtin's body: `slf` is the `AsgiSend` the function was made with; `args[..nargs]` the
+/// positional arguments and `kwnames` the names of the keyword ones after them. Returns a new
+/// reference, or NULL with the callee's exception set. The ASGI call, `send(message)`, takes
+/// the short path; any other (`send(message=...)`, a wrong count) goes to the observer as it
+/// came, which takes it or raises Python's own `TypeError` for it.
 unsafe extern "C" fn send(
     slf: *mut ffi::PyObject,
-    message: *mut ffi::PyObject,
+    args: *const *mut ffi::PyObject,
+    nargs: ffi::Py_ssize_t,
+    kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
     // SAFETY: CPython calls a builtin with the GIL held (attached), and `slf` is the `AsgiSend`
     // bound by `asgi_send` (the only maker of functions from SEND_DEF), alive while it is.
@@ -122,6 +129,14 @@ unsafe extern "C" fn send(
             .cast_unchecked::<AsgiSend>()
             .get()
     };
+    if nargs != 1 || !kwnames.is_null() {
+        // SAFETY: the arguments exactly as CPython passed them to this call.
+        return unsafe {
+            ffi::PyObject_Vectorcall(state.observe.as_ptr(), args, nargs as usize, kwnames)
+        };
+    }
+    // SAFETY: one positional argument, borrowed for the call.
+    let message = unsafe { *args };
     let keys = state.keys;
     // `message` is a valid object borrowed for the call; the keys and callables are owned by
     // `state`; every C-API call below gets valid pointers with the GIL held.

@@ -177,3 +177,23 @@ def test_the_send_is_chosen_by_the_environment(value: str, compiled: bool, warns
         chosen = _asgi_server._compiled_send()
     assert (chosen is not None) == compiled
     assert warns == any("LLMTRACE_ASGI_SEND='rust'" in r.getMessage() for r in caplog.records)
+
+
+def test_the_compiled_send_takes_what_the_python_send_takes() -> None:
+    """``send(message=...)`` reaches the observer as the Python ``send`` would take it; a wrong
+    call gets Python's own ``TypeError`` for it, naming the observer's parameters."""
+    seen: list[Any] = []
+
+    def observe(message: Any) -> str:
+        seen.append(message)
+        return "observed"
+
+    make: Any = COMPILED  # called here as no ASGI app would
+    send = make(lambda message: "downstream", observe)
+    message = {"type": "http.response.start", "status": 200}
+    assert "observed" == send(message=message)
+    assert [message] == seen
+    with pytest.raises(TypeError, match="observe"):
+        send(message, message)
+    with pytest.raises(TypeError, match="observe"):
+        send()
