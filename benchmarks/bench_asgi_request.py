@@ -14,7 +14,12 @@ Arms, each in a fresh process (instrumentation is process-wide), interleaved ABC
   ``exclude_spans=["send", "receive"]`` as llmtrace passes; no span exporter;
 * ``llmtrace_0``, ``llmtrace_1``, ``production``, ``full``: ``llmtrace.instrument()`` with
   0 %, 1 %, 10 % and 100 % of requests sampled — llmtrace's own SERVER span, its server scope,
-  the HTTP metrics for every request; sampled requests exported to a file.
+  the HTTP metrics for every request; sampled requests exported to a file;
+* ``scope_only``: production settings with ``server_spans="off"`` — llmtrace's server scope
+  alone, no SERVER span;
+* ``otel_llmtrace``: the ``otel`` arm's instrumentation with llmtrace at production settings —
+  a host that instruments FastAPI itself keeps OpenTelemetry's SERVER span, and llmtrace's
+  server scope runs inside it.
 
 Two measures per request: the serving thread's CPU (what the request path pays) and the
 whole process's CPU (with the span builder and exporters). Medians over the rounds.
@@ -42,9 +47,14 @@ import tempfile
 import time
 from typing import Any
 
-ARMS = ("untraced", "otel", "llmtrace_0", "llmtrace_1", "production", "full")
+ARMS = ("untraced", "otel", "llmtrace_0", "llmtrace_1", "production", "full", "scope_only", "otel_llmtrace")
 #: llmtrace's request sampling ratio per llmtrace arm ("production" is 10 %, "full" every request).
-SAMPLE_RATIOS = {"llmtrace_0": 0.0, "llmtrace_1": 0.01, "production": 0.1, "full": 1.0}
+SAMPLE_RATIOS = {"llmtrace_0": 0.0, "llmtrace_1": 0.01, "production": 0.1, "full": 1.0, "scope_only": 0.1,
+                 "otel_llmtrace": 0.1}
+#: Arms whose SERVER span is not llmtrace's: none at all, or OpenTelemetry's middleware's (llmtrace's
+#: server scope runs inside it).
+SERVER_SPANS = {"scope_only": "off"}
+OTEL_ARMS = ("otel", "otel_llmtrace")
 
 _SCOPE = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
           "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
@@ -60,9 +70,10 @@ def _app(arm: str, out: str, chunks: int) -> Any:
     if arm in SAMPLE_RATIOS:
         import llmtrace
 
-        llmtrace.instrument(exporter=f"file:{out}", gpu="off", sample_ratio=SAMPLE_RATIOS[arm])
+        llmtrace.instrument(exporter=f"file:{out}", gpu="off", sample_ratio=SAMPLE_RATIOS[arm],
+                            server_spans=SERVER_SPANS.get(arm, "llmtrace"))
     app = FastAPI()
-    if arm == "otel":
+    if arm in OTEL_ARMS:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader

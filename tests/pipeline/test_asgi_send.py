@@ -1,11 +1,12 @@
-"""The compiled ``send`` of llmtrace's ASGI SERVER span (native/src/asgi_send.rs) sends what the
+"""The compiled ``send`` of llmtrace's ASGI middlewares (native/src/asgi_send.rs) sends what the
 Python one sends.
 
-Both paths run the same scripted responses through ``ServerSpanMiddleware`` called over ASGI
-directly (the server's ``send`` records what reaches it; a real socket adds nothing the
-comparison needs, and tests/pipeline/test_server_span.py runs both paths under real uvicorn):
-every message the server gets, in order and by identity, what the app's ``send`` raised, the
-time to first byte on the SERVER span, and the response's status. Scripts cover the usual
+Both paths run the same scripted responses through ``ServerSpanMiddleware`` (llmtrace's SERVER
+span) and ``ScopeMiddleware`` (llmtrace's scope inside someone else's), called over ASGI
+directly: the server's ``send`` records what reaches it (a real socket adds nothing the
+comparison needs; tests/pipeline/test_server_span.py runs both paths under real uvicorn).
+Compared: every message the server gets, in order and by identity, what the app's ``send``
+raised, and for the SERVER span its time to first byte and status. Scripts cover the usual
 streamed response, empty chunks before the first bytes, ``more_body`` values that are not
 booleans, messages that are dict subclasses or other mappings, and a ``more_body`` whose truth
 raises mid-stream.
@@ -22,12 +23,13 @@ import pytest
 from opentelemetry import trace
 
 from llmtrace import semconv
-from llmtrace.integrations import _asgi_server
+from llmtrace.integrations import _asgi, _asgi_server
+from llmtrace.integrations._asgi import ScopeMiddleware
 from llmtrace.integrations._asgi_server import ServerSpanMiddleware
 from llmtrace.integrations._server import ENABLED
 from tests.helpers.waits import wait_for_spans
 
-COMPILED = _asgi_server.COMPILED_SEND
+COMPILED = _asgi.COMPILED_SEND
 pytestmark = pytest.mark.skipif(COMPILED is None, reason="the compiled send is not in use "
                                 "(llmtrace-native not built, or LLMTRACE_ASGI_SEND=python)")
 
@@ -68,7 +70,7 @@ SCRIPTS: dict[str, Callable[[], list[Mapping[str, Any]]]] = {
 }
 
 
-def _run(script: list[Mapping[str, Any]]) -> tuple[list[int], list[str]]:
+def _run(script: list[Mapping[str, Any]], middleware: Any = ServerSpanMiddleware) -> tuple[list[int], list[str]]:
     """The script through the middleware: the positions of the messages the server got (the
     start message's, which may be a traced copy, by its status), and each ``send``'s outcome."""
     received: list[Mapping[str, Any]] = []
@@ -88,7 +90,7 @@ def _run(script: list[Mapping[str, Any]]) -> tuple[list[int], list[str]]:
             except ValueError as exc:
                 outcomes.append(f"ValueError: {exc}")
 
-    asyncio.run(ServerSpanMiddleware(app, "fastapi")(dict(_SCOPE), receive, server_send))
+    asyncio.run(middleware(app, "fastapi")(dict(_SCOPE), receive, server_send))
     positions = [next(i for i, m in enumerate(script) if m is message or (
         m.get("type") == "http.response.start" == message.get("type"))) for message in received]
     return positions, outcomes
@@ -102,15 +104,18 @@ def fastapi_enabled(capture_spans: Any) -> Iterator[Any]:
 
 
 @pytest.mark.parametrize("name", list(SCRIPTS))
-def test_compiled_send_sends_what_the_python_send_sends(name: str, fastapi_enabled: Any,
+@pytest.mark.parametrize("middleware", [ServerSpanMiddleware, ScopeMiddleware])
+def test_compiled_send_sends_what_the_python_send_sends(name: str, middleware: Any, fastapi_enabled: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    compiled = _run(SCRIPTS[name]())
-    monkeypatch.setattr(_asgi_server, "COMPILED_SEND", None)
-    python = _run(SCRIPTS[name]())
+    compiled = _run(SCRIPTS[name](), middleware)
+    monkeypatch.setattr(_asgi, "COMPILED_SEND", None)
+    python = _run(SCRIPTS[name](), middleware)
     assert python == compiled
     positions, outcomes = compiled
     failed = [i for i, outcome in enumerate(outcomes) if outcome != "sent"]
     assert positions == [i for i in range(len(SCRIPTS[name]())) if i not in failed]  # all but what raised
+    if middleware is ScopeMiddleware:
+        return
     spans = wait_for_spans(fastapi_enabled, lambda s: s.kind == trace.SpanKind.SERVER, 2)
     first_bytes = [semconv.LLM_TIME_TO_FIRST_BYTE_S in s.attributes for s in spans]
     assert first_bytes[0] == first_bytes[1], first_bytes  # timed alike (only streamed responses are)
@@ -123,19 +128,21 @@ def test_the_truth_that_raises_reaches_the_app_on_both_paths(fastapi_enabled: An
     assert ["sent", "sent", "sent", "ValueError: no truth value", "sent"] == outcomes
 
 
-def test_compiled_send_goes_straight_to_the_server_mid_stream(fastapi_enabled: Any,
+@pytest.mark.parametrize(("middleware", "call"), [(ServerSpanMiddleware, _asgi_server._Call),
+                                                   (ScopeMiddleware, _asgi._ScopeCall)])
+def test_compiled_send_goes_straight_to_the_server_mid_stream(middleware: Any, call: Any, fastapi_enabled: Any,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The point of it: after the first bytes, a chunk with more to follow never reaches the
     Python observer; everything else does."""
     observed: list[Any] = []
-    original = _asgi_server._Call.send
+    original = call.send
 
-    def observe(call: Any, message: Any) -> Any:
+    def observe(self: Any, message: Any) -> Any:
         observed.append(message.get("body"))
-        return original(call, message)
+        return original(self, message)
 
-    monkeypatch.setattr(_asgi_server._Call, "send", observe)
-    _run(_streamed())
+    monkeypatch.setattr(call, "send", observe)
+    _run(_streamed(), middleware)
     assert [None, b"data: 0\n\n", b""] == observed
 
 
@@ -174,7 +181,7 @@ def test_the_send_is_chosen_by_the_environment(value: str, compiled: bool, warns
     anything else warns, naming the variable, and keeps the default."""
     monkeypatch.setenv("LLMTRACE_ASGI_SEND", value)
     with caplog.at_level("WARNING", logger="llmtrace._native"):
-        chosen = _asgi_server._compiled_send()
+        chosen = _asgi._compiled_send()
     assert (chosen is not None) == compiled
     assert warns == any("LLMTRACE_ASGI_SEND='rust'" in r.getMessage() for r in caplog.records)
 

@@ -87,12 +87,12 @@ def serve(request: pytest.FixtureRequest, capture_spans: Any, monkeypatch: pytes
     each test runs with the compiled ``send`` (llmtrace-native) and with the Python one."""
     from contextlib import contextmanager
 
-    from llmtrace.integrations import _asgi_server
+    from llmtrace.integrations import _asgi
     from tests.helpers import servers
 
     if request.param == "python send":
-        monkeypatch.setattr(_asgi_server, "COMPILED_SEND", None)
-    elif _asgi_server.COMPILED_SEND is None:
+        monkeypatch.setattr(_asgi, "COMPILED_SEND", None)
+    elif _asgi.COMPILED_SEND is None:
         pytest.skip("the compiled send is not in use (llmtrace-native not built, or LLMTRACE_ASGI_SEND=python)")
 
     @contextmanager

@@ -5,7 +5,12 @@ messages. llmtrace's own SERVER span is ``_asgi_server``.
 
 The middleware runs in the SERVER span's context and wraps ``receive``/``send`` to see the
 first body chunk (time to first byte), the end of the response, and ``http.disconnect``
-(the client went away: open requests end as ``abort``).
+(the client went away: open requests end as ``abort``). Both middlewares give the app the same
+kind of ``send``: a plain function that returns the server's own awaitable (a coroutine of
+llmtrace's only for the last body), compiled where llmtrace-native is built
+(``llmtrace_native.asgi_send``, :data:`COMPILED_SEND`) so that a chunk in the middle of a
+streamed body runs no Python frame of llmtrace's; ``LLMTRACE_ASGI_SEND=python`` keeps the
+Python one, which sends the same messages.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final
 
+from llmtrace import _native
 from llmtrace._safety import guarded
 from llmtrace.integrations._server import ENABLED, Exchange, run_in_exchange
 
@@ -27,6 +33,18 @@ ASGI_MIDDLEWARE_INIT: Final = "OpenTelemetryMiddleware.__init__"
 #: streamed chunk (per token) is noise and costs ~30 µs each; the SERVER span keeps
 #: what matters (and llmtrace adds the time to first byte).
 EXCLUDE_SPANS: Final = ("receive", "send")
+
+
+
+def _compiled_send() -> Callable[[Send, Callable[[Message], Any]], Send] | None:
+    module = _native.chosen_by("LLMTRACE_ASGI_SEND")
+    return None if module is None else module.asgi_send
+
+
+#: ``COMPILED_SEND(server_send, observe)``: the app's compiled ``send``, which calls *observe* for
+#: every message but a chunk mid-stream after the first body bytes; ``None``: the app gets
+#: *observe* itself.
+COMPILED_SEND: Callable[[Send, Callable[[Message], Any]], Send] | None = _compiled_send()
 
 #: Exception types that mean "the client went away", by name (no starlette import here).
 DISCONNECT_ERRORS = ("ClientDisconnect", "ClientDisconnected", "CancelledError", "ConnectionResetError",
@@ -75,32 +93,57 @@ class ScopeMiddleware:
         if scope.get("type") != "http" or self._integration not in ENABLED:
             await self.app(scope, receive, send)
             return
-        exchange = Exchange()
-        start: list[Message] = []
+        call = _ScopeCall(Exchange(), receive, send)
+        compiled = COMPILED_SEND
+        app_send = call.send if compiled is None else compiled(send, call.send)
+        await run_in_exchange(call.exchange, lambda: self.app(scope, call.receive, app_send), _is_disconnect)
 
-        async def traced_receive() -> Message:
-            message = await receive()
-            if message.get("type") == "http.disconnect":
-                exchange.disconnected()
-            return message
 
-        async def traced_send(message: Message) -> None:
-            kind = message.get("type")
-            if kind == "http.response.start":
-                start.append(message)
-            elif kind == "http.response.body" and exchange.scope.first_byte_ns is None and message.get("body"):
-                _first_byte(exchange, start[0] if start else None, message)
-            try:
-                await send(message)
-            except BaseException as exc:
-                if _is_disconnect(exc):
-                    exchange.disconnected(exc)
-                raise
-            if kind == "http.response.body" and not message.get("more_body", False):
-                exchange.finish()
+class _ScopeCall:
+    """One HTTP call's exchange under a SERVER span someone else made: its ``send`` and ``receive``."""
 
-        await run_in_exchange(exchange, lambda: self.app(scope, traced_receive, traced_send),
-                              _is_disconnect)
+    __slots__ = ("_downstream", "_first_byte_pending", "_start", "_upstream", "exchange")
+
+    def __init__(self, exchange: Exchange, receive: Receive, send: Send) -> None:
+        self.exchange = exchange
+        self._upstream = receive
+        self._downstream = send
+        self._start: Message | None = None
+        self._first_byte_pending = True
+
+    def send(self, message: Message) -> Any:
+        """The app's ``send``: returns the server's own awaitable (no coroutine of ours per chunk).
+        The compiled ``send`` calls it for every message but the chunks after the first body bytes."""
+        if message.get("more_body") and not self._first_byte_pending:
+            return self._downstream(message)  # a chunk in the middle of a streamed body: nothing to note
+        kind = message.get("type")
+        if kind == "http.response.body":
+            if self._first_byte_pending and message.get("body"):
+                self._first_byte_pending = False
+                _first_byte(self.exchange, self._start, message)
+            if not message.get("more_body", False):
+                return self._last_body(message)
+        elif kind == "http.response.start":
+            self._start = message
+        return self._downstream(message)
+
+    async def _last_body(self, message: Message) -> None:
+        """The response's last message: the exchange finishes once it is sent, or ends as ``abort``
+        when sending it finds the client gone. One coroutine per call, not per chunk."""
+        try:
+            await self._downstream(message)
+        except BaseException as exc:
+            if _is_disconnect(exc):
+                self.exchange.disconnected(exc)
+            raise
+        self.exchange.finish()
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: a disconnect ends the call's open requests as ``abort``."""
+        message = await self._upstream()
+        if message.get("type") == "http.disconnect":
+            self.exchange.disconnected()
+        return message
 
 
 def has_otel_middleware(stack: Any) -> bool:

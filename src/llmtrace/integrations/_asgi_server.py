@@ -6,10 +6,8 @@ SERVER span's identity (``_server_span.begin``), counts the call as active, runs
 inside the span's context and llmtrace's server scope, and when the response is complete
 records ``http.server.request.duration`` and — only for a sampled call — hands the finished
 span to the span builder. Nothing per call allocates per body chunk: the ``send`` the app gets
-looks at a message's type and returns the server's own awaitable. Where llmtrace-native is
-built it is compiled (``llmtrace_native.asgi_send``), so a chunk in the middle of a streamed
-body runs no Python frame of llmtrace's; ``LLMTRACE_ASGI_SEND=python`` keeps the Python one,
-which sends the same messages.
+looks at a message's type and returns the server's own awaitable, compiled where
+llmtrace-native is built (``_asgi.COMPILED_SEND``).
 
 Attributes follow the stable HTTP semantic conventions, as OpenTelemetry's ASGI middleware
 emits them with ``OTEL_SEMCONV_STABILITY_OPT_IN=http``, with one deliberate difference:
@@ -27,7 +25,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from llmtrace import _native, _runtime, semconv
+from llmtrace import _runtime, semconv
 from llmtrace._http_metrics import KNOWN_METHODS, OTHER_METHOD, HttpServerMetrics, normalize_method
 from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _asgi, _server_span
@@ -50,16 +48,6 @@ from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
-
-
-def _compiled_send() -> Callable[[Send, Callable[[Message], Any]], Send] | None:
-    module = _native.chosen_by("LLMTRACE_ASGI_SEND")
-    return None if module is None else module.asgi_send
-
-
-#: ``COMPILED_SEND(server_send, call.send)``: the app's compiled ``send`` (a chunk mid-stream
-#: without a Python frame), or ``None``: the app gets ``_Call.send`` itself.
-COMPILED_SEND: Callable[[Send, Callable[[Message], Any]], Send] | None = _compiled_send()
 
 
 class ServerSpanMiddleware:
@@ -96,7 +84,8 @@ class ServerSpanMiddleware:
         token = _server_span.attach(call.context)
         scope_token = enter_scope(call.exchange.scope)
         try:
-            await self.app(scope, call.receive, call.send if COMPILED_SEND is None else COMPILED_SEND(send, call.send))
+            compiled = _asgi.COMPILED_SEND
+            await self.app(scope, call.receive, call.send if compiled is None else compiled(send, call.send))
         except BaseException as exc:
             call.failed(exc)
             raise
