@@ -13,10 +13,12 @@
 //! `"NaN"`, a value with several keys, duplicate JSON keys, malformed JSON) is declined.
 //! `tests/analysis/test_native_decoder.py` compares both paths.
 //!
-//! The other kernels: the engine table (`table/`), the GPU idle sweeps (`gpu_idle.rs`) and
-//! the critical-path walk (`critical_path.rs`); `analysis/_kernels.py` is the one Python
-//! module that imports this one (the engine table's own wrapper is
-//! `analysis/engine_table.py`), and `llmtrace_native.pyi` types every export.
+//! The analyzer's other kernels: the engine table (`table/`), the GPU idle sweeps
+//! (`gpu_idle.rs`) and the critical-path walk (`critical_path.rs`), driven by
+//! `analysis/_kernels.py` (the engine table's own wrapper is `analysis/engine_table.py`), and
+//! the Chrome trace writer (`chrome/`). The serving side's: the exporters' OTLP/JSON encoder
+//! (`otlp_json.rs`) and the ASGI middlewares' `send` (`asgi_send.rs`). `llmtrace/_native.py`
+//! loads this module for all of them; `llmtrace_native.pyi` types every export.
 
 // Every `unsafe` block says why it is sound (`// SAFETY:`), and an `unsafe fn` marks each
 // unsafe operation inside it too: clippy -D warnings in CI holds both.
