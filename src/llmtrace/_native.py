@@ -8,8 +8,8 @@ this build of it may be called.
   expect.
 
 The analyzer (:mod:`llmtrace.analysis._native`), the OTLP/JSON encoder
-(:mod:`llmtrace._otel.otlp_json`) and the ASGI server span's ``send``
-(:mod:`llmtrace.integrations._asgi_server`) each add their own switch to turn it off
+(:mod:`llmtrace._otel.otlp_json`) and the ASGI middlewares' ``send``
+(:mod:`llmtrace.integrations._asgi`) each add their own switch to turn it off
 (:func:`chosen_by`).
 """
 

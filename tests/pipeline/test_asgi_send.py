@@ -204,3 +204,21 @@ def test_the_compiled_send_takes_what_the_python_send_takes() -> None:
         send(message, message)
     with pytest.raises(TypeError, match="observe"):
         send()
+
+
+@pytest.mark.parametrize("middleware", [ServerSpanMiddleware, ScopeMiddleware])
+def test_a_send_that_cannot_be_made_leaves_the_python_one(middleware: Any, fastapi_enabled: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Making the compiled ``send`` fails (out of memory, a broken build): the error is counted
+    and the call is served with the Python ``send``, every message delivered."""
+    from llmtrace import _safety
+
+    def broken(server_send: Any, observe: Any) -> Any:
+        raise RuntimeError("no send today")
+
+    monkeypatch.setattr(_asgi, "COMPILED_SEND", broken)
+    before = _safety.error_counts().get("asgi.send", 0)
+    positions, outcomes = _run(_streamed(), middleware)
+    assert list(range(len(_streamed()))) == positions
+    assert all(outcome == "sent" for outcome in outcomes)
+    assert before + 1 == _safety.error_counts().get("asgi.send", 0)

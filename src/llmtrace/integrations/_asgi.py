@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any, Final
 
 from llmtrace import _native
-from llmtrace._safety import guarded
+from llmtrace._safety import guarded, record_error
 from llmtrace.integrations._server import ENABLED, Exchange, run_in_exchange
 
 Message = MutableMapping[str, Any]
@@ -35,7 +35,6 @@ ASGI_MIDDLEWARE_INIT: Final = "OpenTelemetryMiddleware.__init__"
 EXCLUDE_SPANS: Final = ("receive", "send")
 
 
-
 def _compiled_send() -> Callable[[Send, Callable[[Message], Any]], Send] | None:
     module = _native.chosen_by("LLMTRACE_ASGI_SEND")
     return None if module is None else module.asgi_send
@@ -45,6 +44,19 @@ def _compiled_send() -> Callable[[Send, Callable[[Message], Any]], Send] | None:
 #: every message but a chunk mid-stream after the first body bytes; ``None``: the app gets
 #: *observe* itself.
 COMPILED_SEND: Callable[[Send, Callable[[Message], Any]], Send] | None = _compiled_send()
+
+
+def app_send(server_send: Send, observe: Callable[[Message], Any]) -> Send:
+    """The ``send`` to give the app: the compiled one around *observe* where it is in use, else
+    *observe* itself (also if making the compiled one fails: the call is served all the same)."""
+    compiled = COMPILED_SEND
+    if compiled is None:
+        return observe
+    try:
+        return compiled(server_send, observe)
+    except Exception as exc:  # noqa: BLE001 - telemetry never breaks the call (no guard frame per call)
+        record_error("asgi.send", exc)
+        return observe
 
 #: Exception types that mean "the client went away", by name (no starlette import here).
 DISCONNECT_ERRORS = ("ClientDisconnect", "ClientDisconnected", "CancelledError", "ConnectionResetError",
@@ -94,9 +106,8 @@ class ScopeMiddleware:
             await self.app(scope, receive, send)
             return
         call = _ScopeCall(Exchange(), receive, send)
-        compiled = COMPILED_SEND
-        app_send = call.send if compiled is None else compiled(send, call.send)
-        await run_in_exchange(call.exchange, lambda: self.app(scope, call.receive, app_send), _is_disconnect)
+        sender = app_send(send, call.send)
+        await run_in_exchange(call.exchange, lambda: self.app(scope, call.receive, sender), _is_disconnect)
 
 
 class _ScopeCall:

@@ -7,7 +7,7 @@ inside the span's context and llmtrace's server scope, and when the response is 
 records ``http.server.request.duration`` and — only for a sampled call — hands the finished
 span to the span builder. Nothing per call allocates per body chunk: the ``send`` the app gets
 looks at a message's type and returns the server's own awaitable, compiled where
-llmtrace-native is built (``_asgi.COMPILED_SEND``).
+llmtrace-native is built (``_asgi.app_send``).
 
 Attributes follow the stable HTTP semantic conventions, as OpenTelemetry's ASGI middleware
 emits them with ``OTEL_SEMCONV_STABILITY_OPT_IN=http``, with one deliberate difference:
@@ -81,11 +81,11 @@ class ServerSpanMiddleware:
             return
         # The call's context and server scope are made current with the context variables' own
         # set/reset (no Python frame per call; Exchange.enter/exit do the same for other servers).
+        sender = _asgi.app_send(send, call.send)
         token = _server_span.attach(call.context)
         scope_token = enter_scope(call.exchange.scope)
         try:
-            compiled = _asgi.COMPILED_SEND
-            await self.app(scope, call.receive, call.send if compiled is None else compiled(send, call.send))
+            await self.app(scope, call.receive, sender)
         except BaseException as exc:
             call.failed(exc)
             raise
