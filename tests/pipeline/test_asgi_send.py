@@ -71,8 +71,9 @@ SCRIPTS: dict[str, Callable[[], list[Mapping[str, Any]]]] = {
 
 
 def _run(script: list[Mapping[str, Any]], middleware: Any = ServerSpanMiddleware) -> tuple[list[int], list[str]]:
-    """The script through the middleware: the positions of the messages the server got (the
-    start message's, which may be a traced copy, by its status), and each ``send``'s outcome."""
+    """The script through the middleware: the positions in it of the messages the server got (the
+    start message by its type: a traced call's is a copy with the trace headers), and each
+    ``send``'s outcome."""
     received: list[Mapping[str, Any]] = []
     outcomes: list[str] = []
 
@@ -107,6 +108,8 @@ def fastapi_enabled(capture_spans: Any) -> Iterator[Any]:
 @pytest.mark.parametrize("middleware", [ServerSpanMiddleware, ScopeMiddleware])
 def test_compiled_send_sends_what_the_python_send_sends(name: str, middleware: Any, fastapi_enabled: Any,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same script, compiled ``send`` then Python ``send``: the same messages reach the server,
+    the app sees the same outcomes, and the SERVER spans agree."""
     compiled = _run(SCRIPTS[name](), middleware)
     monkeypatch.setattr(_asgi, "COMPILED_SEND", None)
     python = _run(SCRIPTS[name](), middleware)
