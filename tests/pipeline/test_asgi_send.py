@@ -132,7 +132,7 @@ def test_the_truth_that_raises_reaches_the_app_on_both_paths(fastapi_enabled: An
 
 
 @pytest.mark.parametrize(("middleware", "call"), [(ServerSpanMiddleware, _asgi_server._Call),
-                                                   (ScopeMiddleware, _asgi._ScopeCall)])
+                                                   (ScopeMiddleware, _asgi.ObservedCall)])
 def test_compiled_send_goes_straight_to_the_server_mid_stream(middleware: Any, call: Any, fastapi_enabled: Any,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The point of it: after the first bytes, a chunk with more to follow never reaches the

@@ -105,49 +105,56 @@ class ScopeMiddleware:
         if scope.get("type") != "http" or self._integration not in ENABLED:
             await self.app(scope, receive, send)
             return
-        call = _ScopeCall(Exchange(), receive, send)
+        call = ObservedCall(Exchange(), receive, send)
         sender = app_send(send, call.send)
         await run_in_exchange(call.exchange, lambda: self.app(scope, call.receive, sender), _is_disconnect)
 
 
-class _ScopeCall:
-    """One HTTP call's exchange under a SERVER span someone else made: its ``send`` and ``receive``."""
+class ObservedCall:
+    """One HTTP call as llmtrace's ASGI middlewares see it: the app's ``send`` and ``receive``.
 
-    __slots__ = ("_downstream", "_first_byte_pending", "_start", "_upstream", "exchange")
+    :meth:`send` is the Python ``send`` (the compiled one calls it for every message but the
+    chunks after the first body bytes); it returns the server's own awaitable, and a coroutine
+    of its own only for the last body. The scope middleware uses this class as it is; llmtrace's
+    SERVER span (``_asgi_server._Call``) overrides the three notes: the response's start, its
+    first body bytes, its last body sent.
+    """
+
+    __slots__ = ("_downstream", "_first_byte_pending", "_upstream", "exchange", "response_start")
 
     def __init__(self, exchange: Exchange, receive: Receive, send: Send) -> None:
         self.exchange = exchange
         self._upstream = receive
         self._downstream = send
-        self._start: Message | None = None
+        self.response_start: Message | None = None
         self._first_byte_pending = True
 
     def send(self, message: Message) -> Any:
-        """The app's ``send``: returns the server's own awaitable (no coroutine of ours per chunk).
-        The compiled ``send`` calls it for every message but the chunks after the first body bytes."""
+        """The app's ``send``: returns the server's own awaitable (no coroutine of ours per chunk)."""
         if message.get("more_body") and not self._first_byte_pending:
             return self._downstream(message)  # a chunk in the middle of a streamed body: nothing to note
         kind = message.get("type")
         if kind == "http.response.body":
             if self._first_byte_pending and message.get("body"):
                 self._first_byte_pending = False
-                _first_byte(self.exchange, self._start, message)
+                self._first_bytes(message)
             if not message.get("more_body", False):
                 return self._last_body(message)
         elif kind == "http.response.start":
-            self._start = message
+            message = self._started(message)
         return self._downstream(message)
 
     async def _last_body(self, message: Message) -> None:
-        """The response's last message: the exchange finishes once it is sent, or ends as ``abort``
-        when sending it finds the client gone. One coroutine per call, not per chunk."""
+        """The response's last message: the call's requests end once it is sent — as ``abort`` when
+        sending it finds the client gone (a request can finish generating before the server
+        notices the disconnect). One coroutine per call, not per chunk."""
         try:
             await self._downstream(message)
         except BaseException as exc:
-            if _is_disconnect(exc):
+            if is_disconnect(exc):
                 self.exchange.disconnected(exc)
             raise
-        self.exchange.finish()
+        self._sent_last()
 
     async def receive(self) -> Message:
         """The app's ``receive``: a disconnect ends the call's open requests as ``abort``."""
@@ -155,6 +162,19 @@ class _ScopeCall:
         if message.get("type") == "http.disconnect":
             self.exchange.disconnected()
         return message
+
+    def _started(self, message: Message) -> Message:
+        """The response's start message: noted; returns the message to send in its place."""
+        self.response_start = message
+        return message
+
+    def _first_bytes(self, message: Message) -> None:
+        """The first body message with bytes in it, about to be sent: the time to first byte."""
+        _first_byte(self.exchange, self.response_start, message)
+
+    def _sent_last(self) -> None:
+        """The last body message was sent: the response is complete."""
+        self.exchange.finish()
 
 
 def has_otel_middleware(stack: Any) -> bool:

@@ -31,6 +31,7 @@ from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _asgi, _server_span
 from llmtrace.integrations._asgi import (
     Message,
+    ObservedCall,
     Receive,
     ScopeMiddleware,
     Send,
@@ -104,12 +105,11 @@ class ServerSpanMiddleware:
                 record_error("asgi.server_span_close", exc)
 
 
-class _Call:
+class _Call(ObservedCall):
     """One HTTP call under llmtrace's SERVER span."""
 
-    __slots__ = ("_downstream", "_ended", "_first_byte_pending", "_live", "_metrics", "_recording", "_route_of",
-                 "_upstream", "context", "end_ns", "error", "exchange", "method", "offset", "response_start", "scheme",
-                 "scope", "start", "start_ns", "status")
+    __slots__ = ("_ended", "_live", "_metrics", "_recording", "_route_of", "context", "end_ns", "error", "method",
+                 "offset", "scheme", "scope", "start", "start_ns", "status")
 
     def __init__(self, scope: Message, receive: Receive, send: Send,
                  route_of: Callable[[Message], str | None]) -> None:
@@ -124,51 +124,29 @@ class _Call:
                                                  "HTTP" if method == OTHER_METHOD else method, start, offset)
         span, self._recording, _, self.context, _ = opened
         self._live = not isinstance(span, _server_span.ServerSpan)  # a live API span: ended in any case
-        self.exchange = Exchange(span, start, offset, self.context)
+        super().__init__(Exchange(span, start, offset, self.context), receive, send)
         self.status: int | None = None
         self.error: BaseException | None = None
         self.end_ns: int | None = None
-        self.response_start: Message | None = None
-        self._first_byte_pending = True
-        self._downstream = send
-        self._upstream = receive
         self._metrics: HttpServerMetrics | None = _runtime.http_metrics()
         metrics = self._metrics
         self._ended = metrics.started(method, self.scheme) if metrics is not None else None
 
     # ----------------------------------------------------------------- the request path
-    def send(self, message: Message) -> Any:
-        """The app's ``send``: returns the server's own awaitable (no coroutine of ours per chunk).
-        The compiled ``send`` calls it for every message but the chunks after the first body bytes."""
-        if message.get("more_body") and not self._first_byte_pending:
-            return self._downstream(message)  # a chunk in the middle of a streamed body: nothing to note
-        kind = message.get("type")
-        if kind == "http.response.body":
-            if self._first_byte_pending and message.get("body"):
-                self._first_byte_pending = False
-                self.exchange.scope.first_byte_ns = monotonic_ns()
-                if self._recording:
-                    self._first_byte(message)
-            if not message.get("more_body", False):
-                return self._last_body(message)
-        elif kind == "http.response.start":
-            status = message.get("status")
-            self.status = status if isinstance(status, int) else None
-            self.response_start = message
-            if self._recording:
-                message = self._traced_start(message) or message
-        return self._downstream(message)
+    def _started(self, message: Message) -> Message:
+        status = message.get("status")
+        self.status = status if isinstance(status, int) else None
+        self.response_start = message
+        if self._recording:
+            return self._traced_start(message) or message
+        return message
 
-    async def _last_body(self, message: Message) -> None:
-        """The response's last message: the call's requests end once it is sent — as ``abort`` when
-        sending it finds the client gone (a request can finish generating before the server
-        notices the disconnect). One coroutine per call, not per chunk."""
-        try:
-            await self._downstream(message)
-        except BaseException as exc:
-            if is_disconnect(exc):
-                self.exchange.disconnected(exc)
-            raise
+    def _first_bytes(self, message: Message) -> None:
+        self.exchange.scope.first_byte_ns = monotonic_ns()
+        if self._recording:
+            self._first_byte(message)
+
+    def _sent_last(self) -> None:
         self.end_ns = monotonic_ns()
         self.exchange.finish()
 
@@ -196,13 +174,6 @@ class _Call:
                 value = ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in entries)
                 headers.append((semconv.HEADER_SERVER_TIMING.encode(), value.encode()))
         return headers
-
-    async def receive(self) -> Message:
-        """The app's ``receive``: a disconnect ends the call's open requests as ``abort``."""
-        message = await self._upstream()
-        if message.get("type") == "http.disconnect":
-            self.exchange.disconnected()
-        return message
 
     def failed(self, error: BaseException) -> None:
         if is_disconnect(error):
