@@ -140,8 +140,8 @@ class OtlpJsonEncoder:
     def encode(self, spans: Iterable[Any], pause: Callable[[], object] | None = None) -> str: ...
 
 def asgi_send(downstream: Callable[[Any], Any], observe: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """The ``send`` an ASGI app gets under llmtrace's SERVER span
-    (``llmtrace.integrations._asgi_server``): once ``observe`` has returned for a message of type
+    """The ``send`` an ASGI app gets from llmtrace's middlewares
+    (``llmtrace.integrations._asgi.app_send``): once ``observe`` has returned for a message of type
     ``http.response.body`` with a non-empty ``body``, a message that is an exact ``dict`` with a
     true ``more_body`` goes to ``downstream`` directly; every other message to ``observe``.
     Returns what the callee returns (the server's awaitable)."""

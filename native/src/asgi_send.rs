@@ -1,12 +1,13 @@
-//! The `send` an ASGI app gets under llmtrace's SERVER span (`integrations/_asgi_server.py`),
-//! compiled for the one case that happens per body chunk.
+//! The `send` an ASGI app gets from llmtrace's middlewares (`integrations/_asgi.py`:
+//! `app_send`, for the SERVER span's and the scope middleware alike), compiled for the one case
+//! that happens per body chunk.
 //!
 //! A streamed response is one `send` per chunk (33 for a 32-token stream), and a `send`
 //! wrapper written in Python costs a Python frame per chunk (~1k instructions) for a check
 //! that finds nothing to note: the response has started, its first byte is timed, more body
 //! follows. The function that `asgi_send` makes answers that case without a Python frame — it
 //! hands the message to the server's own `send` and returns the server's awaitable — and
-//! calls the Python observer (`observe`, the call's `send`) for every other message: the
+//! calls the Python observer (`observe`, the call's `ObservedCall.send`) for every other message: the
 //! response start, the first body bytes, the last body, a message that is not an exact
 //! `dict`. It takes the fast path only after the observer has returned for a body message
 //! with bytes in it (the observer times the first byte there), so both paths send exactly what
@@ -71,7 +72,7 @@ static SEND_DEF: MethodDef = MethodDef(ffi::PyMethodDef {
         PyCFunctionFastWithKeywords: send,
     },
     ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    ml_doc: c"The ASGI app's send(message) under llmtrace's SERVER span.".as_ptr(),
+    ml_doc: c"The ASGI app's send(message) under llmtrace's middleware.".as_ptr(),
 });
 
 /// The app's `send` for one HTTP call: `send(message)` returns the server's awaitable, from

@@ -58,6 +58,7 @@ def app_send(server_send: Send, observe: Callable[[Message], Any]) -> Send:
         record_error("asgi.send", exc)
         return observe
 
+
 #: Exception types that mean "the client went away", by name (no starlette import here).
 DISCONNECT_ERRORS = ("ClientDisconnect", "ClientDisconnected", "CancelledError", "ConnectionResetError",
                      "ClientConnectionResetError", "BrokenPipeError")

@@ -80,9 +80,9 @@ class ServerSpanMiddleware:
             record_error("asgi.server_span", exc)
             await self.app(scope, receive, send)
             return
+        sender = _asgi.app_send(send, call.send)
         # The call's context and server scope are made current with the context variables' own
         # set/reset (no Python frame per call; Exchange.enter/exit do the same for other servers).
-        sender = _asgi.app_send(send, call.send)
         token = _server_span.attach(call.context)
         scope_token = enter_scope(call.exchange.scope)
         try:
