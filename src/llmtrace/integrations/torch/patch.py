@@ -10,13 +10,14 @@ both hooked) is not timed again.
 from __future__ import annotations
 
 import contextvars
+import functools
 import sys
 import threading
 import weakref
 from typing import Any
 
 from llmtrace import semconv
-from llmtrace._safety import guarded
+from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _common
 from llmtrace.integrations._base import Instrumentor
 from llmtrace.integrations.torch import _constants, extractors
@@ -52,9 +53,10 @@ def reset_sink(token: contextvars.Token[StepSink | None]) -> None:
 
 
 class _Frame:
-    __slots__ = ("in_generate", "layers", "module", "start_ns", "token")
+    __slots__ = ("hooks", "in_generate", "layers", "module", "start_ns", "token")
 
-    def __init__(self, module: Any, start_ns: int) -> None:
+    def __init__(self, hooks: _HookSet, module: Any, start_ns: int) -> None:
+        self.hooks = hooks
         self.module = module
         self.start_ns = start_ns
         self.token: contextvars.Token[_Frame | None] | None = None
@@ -81,20 +83,35 @@ _lock = threading.Lock()
 _hooked: weakref.WeakKeyDictionary[Any, _HookSet] = weakref.WeakKeyDictionary()
 
 
-def _pre_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+def _pre_hook(hooks: _HookSet, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if _frame.get() is not None:
         return
-    now = monotonic_ns()
-    frame = _Frame(module, now)
     sink = _sink.get()
-    if sink is not None and sink.model is module:
-        sink.forward_ns.append(now)
+    in_generate = sink is not None and sink.model is module
+    # Decided when the forward starts, in the context it runs in: a forward nothing would record
+    # (an engine loop's, where the step's phases time it, or an unsampled request's) gets no
+    # frame, so the post-hook returns at its first line. Deciding at the end instead cost every
+    # such forward a frame, a context-variable set and reset and two lookups of its hooks.
+    if not in_generate and not hooks.always and not _observed():
+        return
+    now = monotonic_ns()
+    frame = _Frame(hooks, module, now)
+    if in_generate:
+        sink.forward_ns.append(now)  # type: ignore[union-attr]  # in_generate: sink is not None
         frame.in_generate = True
-    else:
-        hooks = _hooked.get(module)
-        if hooks is not None and hooks.layers:
-            frame.layers = []
+    elif hooks.layers:
+        frame.layers = []
     frame.token = _frame.set(frame)
+
+
+def _observed() -> bool:
+    """Whether a forward starting now would be recorded: it runs in a request, or under a
+    recording span. Never raises into the model's forward: when in doubt, it is recorded."""
+    try:
+        return current_request() is not None or _common._current_span_recording()
+    except Exception as exc:  # noqa: BLE001 - counted; the forward is then timed as before
+        record_error("torch.forward_observed", exc)
+        return True
 
 
 def _post_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -113,13 +130,9 @@ def _post_hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], outpu
 @guarded("torch.forward")
 def _emit_forward(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], frame: _Frame, end_ns: int,
                   error: BaseException | None) -> None:
-    hooks = _hooked.get(module)
-    if hooks is None:
-        return
+    hooks = frame.hooks
     handle = current_request()
     parent = handle.context() if handle is not None else None
-    if not hooks.always and handle is None and not _common._current_span_recording():
-        return
     attrs = extractors.forward_attributes(type(module).__name__, extractors.forward_inputs(args, kwargs),
                                           hooks.engine_id)
     import torch
@@ -175,7 +188,8 @@ def hook_model(model: Any, *, always: bool, layers: bool = False, engine_id: str
         if model in _hooked:
             return False
         hooks = _HookSet(always, engine_id, layers)
-        hooks.handles.append(model.register_forward_pre_hook(_pre_hook, with_kwargs=True))
+        # The hooks are bound to their model's _HookSet: no lookup per forward.
+        hooks.handles.append(model.register_forward_pre_hook(functools.partial(_pre_hook, hooks), with_kwargs=True))
         hooks.handles.append(model.register_forward_hook(_post_hook, with_kwargs=True, always_call=True))
         if layers:
             for name, layer in extractors.layer_modules(model):
