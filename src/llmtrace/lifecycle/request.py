@@ -245,7 +245,11 @@ class RequestHandle:
         if output_tokens is not None:
             self._reported_tokens = output_tokens
         self.completion = completion
-        BUILDER.submit(self._materialise)
+        # Most requests in production have nothing to build: unsampled, and their metrics are
+        # recorded by the process that owns ``llm.request`` (an engine behind an API server
+        # does not). Those skip the builder's queue and its wake-up.
+        if self.recording or (self.owns_span and _runtime.serving_metrics() is not None):
+            BUILDER.submit(self._materialise)
 
     def _materialise(self) -> None:
         metrics = _runtime.serving_metrics()
