@@ -34,10 +34,10 @@ class SpanBuilder:
     """A named daemon thread running span-building jobs in order.
 
     Submitting appends to a deque (atomic under the GIL: no lock, no futex) and wakes the
-    thread only when it sleeps; the thread then waits :data:`BATCH_S` for more records and
-    runs them all. On the traced reference server the per-record wake-up (``SimpleQueue.put``)
-    was the serving threads' largest single llmtrace line in a sampling profile
-    (docs/performance.md, "Where the server's CPU goes").
+    thread only when it sleeps; awake, the thread runs what arrived every :data:`BATCH_S`
+    and sleeps again after a round with nothing to do. On the traced reference server the
+    per-record wake-up (``SimpleQueue.put``) was the serving threads' largest single llmtrace
+    line in a sampling profile (docs/performance.md, "Where the server's CPU goes").
     """
 
     def __init__(self) -> None:
@@ -79,39 +79,56 @@ class SpanBuilder:
             self._wake.set()
 
     def _run(self) -> None:
-        pending = self._pending
         while True:
             self._wake.wait()
-            self._hurry.wait(BATCH_S)  # let a busy moment's records arrive: one wake-up for all
-            # Cleared before draining, the event before the flag: a record appended from here
-            # on either is drained below or finds the flag down and wakes the next round.
-            self._wake.clear()
-            self._hurry.clear()
-            self._awake = False
-            pause = GilYield()
-            # CPU time is read once per batch, not per job: two clock reads (system calls) per
-            # record were a measurable part of building an unsampled request's metrics.
-            cpu_start = time.thread_time()
-            try:
-                while pending:
-                    item = pending.popleft()
-                    if item is None:
+            # Awake: a batch every BATCH_S for as long as records keep coming. Under steady load
+            # no serving thread ever wakes the thread (an Event.set, a futex wake and a GIL
+            # hand-off per batch were the largest single llmtrace line of a vLLM API server's
+            # profile); one empty round puts it back to sleep.
+            while True:
+                self._hurry.wait(BATCH_S)  # let a busy moment's records arrive: one round for all
+                self._hurry.clear()
+                if self._pending:
+                    if not self._drain():
                         return
-                    if isinstance(item, threading.Event):
-                        now = time.thread_time()  # counted before the flush() waiting on it returns
-                        self.cpu_s += now - cpu_start
-                        cpu_start = now
-                        item.set()
-                        continue
-                    try:
-                        item()
-                    except Exception as exc:  # noqa: BLE001 - one bad record must not stop the service
-                        record_error("span-builder", exc)
-                    # Give a serving thread that waits for the GIL its chance every 0.5 ms of
-                    # building rather than after CPython's 5 ms switch interval.
-                    pause.maybe()
-            finally:
-                self.cpu_s += time.thread_time() - cpu_start
+                    continue
+                # Idle. The event is cleared before the flag goes down, and the queue read again
+                # after: a record appended from here on is either seen below or finds the flag
+                # down and sets the event again.
+                self._wake.clear()
+                self._awake = False
+                if not self._pending:
+                    break
+                self._awake = True
+
+    def _drain(self) -> bool:
+        """Run every pending job; False when the stop marker came."""
+        pending = self._pending
+        pause = GilYield()
+        # CPU time is read once per batch, not per job: two clock reads (system calls) per
+        # record were a measurable part of building an unsampled request's metrics.
+        cpu_start = time.thread_time()
+        try:
+            while pending:
+                item = pending.popleft()
+                if item is None:
+                    return False
+                if isinstance(item, threading.Event):
+                    now = time.thread_time()  # counted before the flush() waiting on it returns
+                    self.cpu_s += now - cpu_start
+                    cpu_start = now
+                    item.set()
+                    continue
+                try:
+                    item()
+                except Exception as exc:  # noqa: BLE001 - one bad record must not stop the service
+                    record_error("span-builder", exc)
+                # Give a serving thread that waits for the GIL its chance every 0.5 ms of
+                # building rather than after CPython's 5 ms switch interval.
+                pause.maybe()
+        finally:
+            self.cpu_s += time.thread_time() - cpu_start
+        return True
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until every job submitted so far has run."""
