@@ -260,18 +260,24 @@ def count_spans(traces: Path) -> dict[str, int]:
     return counts
 
 
+def _measured_load(process: subprocess.Popen[bytes], base: str, args: argparse.Namespace
+                   ) -> tuple[int, float, dict[str, float], dict[str, float], int]:
+    """The measured load on a warm server: (tokens, wall s, group CPU before, after, engine steps)."""
+    before, steps_before = group_cpu(process.pid), engine_steps(base)
+    began = time.monotonic()
+    tokens = asyncio.run(_load(base, args.requests, args.concurrency, args.max_tokens))
+    wall = time.monotonic() - began
+    time.sleep(SETTLE_S)
+    return tokens, wall, before, group_cpu(process.pid), engine_steps(base) - steps_before
+
+
 def one_run(arm: str, index: int, args: argparse.Namespace, model: Path, workdir: Path) -> Run:
     traces = workdir / f"{arm}-r{index}.jsonl"
     process, base = start(args.vllm_python, model, arm_env(arm, traces), workdir / f"{arm}-r{index}.log")
     try:
         asyncio.run(_load(base, args.warmup, args.concurrency, args.max_tokens))
         time.sleep(SETTLE_S)
-        before, steps_before = group_cpu(process.pid), engine_steps(base)
-        began = time.monotonic()
-        tokens = asyncio.run(_load(base, args.requests, args.concurrency, args.max_tokens))
-        wall = time.monotonic() - began
-        time.sleep(SETTLE_S)
-        after, steps = group_cpu(process.pid), engine_steps(base) - steps_before
+        tokens, wall, before, after, steps = _measured_load(process, base, args)
     finally:
         stop(process)
     if tokens != args.requests * args.max_tokens:
@@ -341,12 +347,7 @@ def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) 
                                     "--subprocesses", "--nonblocking", "--full-filenames", "-p", str(process.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(3.0)  # py-spy attaches to every process of the group
-        before, steps_before = group_cpu(process.pid), engine_steps(base)
-        began = time.monotonic()
-        tokens = asyncio.run(_load(base, args.requests, args.concurrency, args.max_tokens))
-        wall = time.monotonic() - began
-        time.sleep(SETTLE_S)
-        after, steps = group_cpu(process.pid), engine_steps(base) - steps_before
+        tokens, wall, before, after, steps = _measured_load(process, base, args)
         sampler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
         sampler.wait(120)
     finally:
