@@ -3,10 +3,13 @@ VM is not (its speed moved 2x between runs of the same arm on 2026-12-03)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -22,3 +25,28 @@ def instructions_per_thread(argv: list[str]) -> dict[int, int]:
         return {int(path.name.rsplit("-", 1)[1]): int(re.findall(r"^summary: (\d+)", path.read_text(),
                                                                  re.MULTILINE)[-1])
                 for path in Path(tmp).glob("cg.out-*")}
+
+
+def per_request(command: Callable[[str, int], list[str]], arms: Sequence[str], requests: int, base: int,
+                jobs: int = 1) -> dict[str, dict[str, float]]:
+    """Instructions per request of each of *arms*: the callgrind totals of ``command(arm, requests)``
+    and ``command(arm, base)``, differenced (start-up and warm-up cancel out) and divided by
+    ``requests - base``; the main (serving) thread alone and all threads. Each run is its own
+    process, so *jobs* runs may overlap without changing the counts."""
+    if requests <= base:
+        raise ValueError(f"requests ({requests}) must be more than base ({base})")
+
+    def totals(arm: str, count: int) -> tuple[int, int]:
+        per_thread = instructions_per_thread(command(arm, count))
+        return per_thread[1], sum(per_thread.values())
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = {(arm, count): pool.submit(totals, arm, count) for arm in arms for count in (requests, base)}
+    result: dict[str, dict[str, float]] = {}
+    for arm in arms:
+        (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, requests].result(), runs[arm, base].result()
+        result[arm] = {"thread_instructions": (thread_hi - thread_lo) / (requests - base),
+                       "all_instructions": (all_hi - all_lo) / (requests - base)}
+        print(f"{arm:<14} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
+              f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
+    return result

@@ -28,17 +28,23 @@ Two measures per request: the serving (event-loop) thread's CPU and the whole pr
 (with the span builder and exporters). Medians over the rounds.
 
     python benchmarks/bench_aiohttp_request.py [--requests 3000] [--rounds 3] [--chunks 33] [--json]
-    python benchmarks/bench_aiohttp_request.py --instructions [--requests 600 --base 200]   # callgrind
+    python benchmarks/bench_aiohttp_request.py --instructions [--requests 600 --base 200] [--arms production]
+    python benchmarks/bench_aiohttp_request.py --instructions --no-gc   # the request path alone (see below)
     python benchmarks/bench_aiohttp_request.py --profile production    # by Python function (cProfile)
 
 CPU time on a shared VM moves by 2x between runs of the same arm (the host's speed changes),
-so read the CPU-time table as ratios within a round; ``--instructions`` counts instead.
+so read the CPU-time table as ratios within a round; ``--instructions`` counts instead. Those
+counts move by up to ~45k a request with where the garbage collector's full collections fall (one
+inside the 600 - 200 window in one run, none in another): ``--requests 1400`` amortises them, and
+``--no-gc`` turns the collector off for the counted requests, so that two versions of the request
+path compare exactly (what their allocations cost the collector is then left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -142,7 +148,8 @@ class _Transport(asyncio.Transport):
         return None
 
 
-async def _serve(arm: str, requests: int, chunks: int, profile: Any = None) -> tuple[float, float]:
+async def _serve(arm: str, requests: int, chunks: int, profile: Any = None,
+                 no_gc: bool = False) -> tuple[float, float]:
     from aiohttp import web
 
     runner = web.AppRunner(_app(chunks, arm), access_log=None)
@@ -160,6 +167,9 @@ async def _serve(arm: str, requests: int, chunks: int, profile: Any = None) -> t
 
     for _ in range(WARMUP):
         await one()
+    if no_gc:
+        gc.collect()
+        gc.disable()
     thread, process = time.thread_time(), time.process_time()
     if profile is not None:
         profile.enable()
@@ -174,10 +184,10 @@ async def _serve(arm: str, requests: int, chunks: int, profile: Any = None) -> t
     return time.thread_time() - thread, time.process_time() - process
 
 
-def child(arm: str, requests: int, chunks: int, exit_at_once: bool = False) -> None:
+def child(arm: str, requests: int, chunks: int, exit_at_once: bool = False, no_gc: bool = False) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         _instrument(arm, os.path.join(tmp, "traces.jsonl"))
-        thread_s, process_s = asyncio.run(_serve(arm, requests, chunks))
+        thread_s, process_s = asyncio.run(_serve(arm, requests, chunks, no_gc=no_gc))
         print(json.dumps({"thread_us": thread_s / requests * 1e6, "process_us": process_s / requests * 1e6}),
               flush=True)
         if exit_at_once:  # under valgrind: skip the teardown, whose instructions would not cancel out
@@ -217,31 +227,25 @@ def print_profile(profile: Any, requests: int, label: str, packages: tuple[str, 
         print(f"{own / requests * 1e6:8.2f} {cum / requests * 1e6:8.2f} {calls / requests:6.1f}  {where}")
 
 
-def count_instructions(chunks: int, requests: int, base: int) -> dict[str, dict[str, float]]:
+def count_instructions(chunks: int, requests: int, base: int, arms: tuple[str, ...] = ARMS, jobs: int = 1,
+                       no_gc: bool = False) -> dict[str, dict[str, float]]:
     """Instructions per request, per arm: ``callgrind`` totals of runs of *requests* and *base*
     requests, differenced (start-up and warm-up cancel out) and divided by their difference.
-    The serving (event-loop, main) thread alone, and all threads (builder, exporters)."""
-    from _callgrind import instructions_per_thread
+    The serving (event-loop, main) thread alone, and all threads (builder, exporters: an upper
+    bound, as in ``bench_asgi_request.py``)."""
+    from _callgrind import per_request
 
-    def totals(arm: str, count: int) -> tuple[int, int]:
-        per_thread = instructions_per_thread([sys.executable, __file__, "--child", arm, "--requests", str(count),
-                                              "--chunks", str(chunks), "--exit-at-once"])
-        return per_thread[1], sum(per_thread.values())  # 1: the main (serving) thread
-
-    result: dict[str, dict[str, float]] = {}
-    for arm in ARMS:
-        (thread_hi, all_hi), (thread_lo, all_lo) = totals(arm, requests), totals(arm, base)
-        result[arm] = {"thread_instructions": (thread_hi - thread_lo) / (requests - base),
-                       "all_instructions": (all_hi - all_lo) / (requests - base)}
-        print(f"{arm:<11} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
-              f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
-    return result
+    os.environ["LLMTRACE_METRICS_INTERVAL_S"] = "3600"  # exported once, at flush (see bench_asgi_request.py)
+    return per_request(lambda arm, count: [sys.executable, __file__, "--child", arm, "--requests", str(count),
+                                           "--chunks", str(chunks), "--exit-at-once",
+                                           *(["--no-gc"] if no_gc else [])],
+                       arms, requests, base, jobs)
 
 
 def compare(rows: dict[str, dict[str, float]], measures: tuple[str, str]) -> None:
     """Add what each arm costs beyond ``untraced``, absolute and as a ratio."""
     base = rows["untraced"]
-    for arm in ARMS[1:]:
+    for arm in [arm for arm in rows if arm != "untraced"]:
         for measure in measures:
             rows[arm][f"added_{measure}"] = rows[arm][measure] - base[measure]
             rows[arm][f"ratio_{measure}"] = rows[arm][measure] / base[measure]
@@ -256,19 +260,31 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request under valgrind instead (stable on a noisy host; slow)")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated arms to count with --instructions (untraced always; "
+                             f"known: {', '.join(ARMS)})")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="with --instructions: valgrind runs at a time (the counts do not depend on it)")
+    parser.add_argument("--no-gc", action="store_true",
+                        help="with --instructions: the garbage collector off for the counted requests")
     parser.add_argument("--profile", choices=ARMS, help="profile this arm's serving thread by Python function instead")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     parser.add_argument("--exit-at-once", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     requests = args.requests or (600 if args.instructions else 3000)
     if args.child:
-        child(args.child, requests, args.chunks, args.exit_at_once)
+        child(args.child, requests, args.chunks, args.exit_at_once, args.no_gc)
         return 0
     if args.profile:
         profile_report(args.profile, requests, args.chunks)
         return 0
     if args.instructions:
-        counted = count_instructions(args.chunks, requests, args.base)
+        chosen = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+        unknown = [arm for arm in chosen if arm not in ARMS]
+        if unknown:
+            parser.error(f"--arms: unknown {', '.join(unknown)} (known: {', '.join(ARMS)})")
+        arms = tuple(arm for arm in ARMS if arm == "untraced" or arm in chosen)
+        counted = count_instructions(args.chunks, requests, args.base, arms, args.jobs, args.no_gc)
         compare(counted, ("thread_instructions", "all_instructions"))
         print(json.dumps(counted, indent=2))
         return 0

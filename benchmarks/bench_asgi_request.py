@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import json
 import os
 import statistics
@@ -149,29 +148,15 @@ def count_instructions(chunks: int, arms: tuple[str, ...] = ARMS, jobs: int = 1,
     builder every 50 ms, the span exporter every second), which valgrind slows 50-fold: each of
     their wake-ups serves ~50x fewer requests than in real time, so their share per request is
     overstated — an upper bound."""
-    from _callgrind import instructions_per_thread
+    from _callgrind import per_request
 
     # Under valgrind the process runs ~50x slower, but the periodic metric export keeps its
     # wall-clock period: it would run ~50x more often per request than in real time, and a
     # different number of times in the two runs. Exported once at the end instead (flush()).
     os.environ["LLMTRACE_METRICS_INTERVAL_S"] = "3600"
-
-    def totals(arm: str, requests: int) -> tuple[int, int]:
-        per_thread = instructions_per_thread([sys.executable, __file__, "--child", arm, "--requests", str(requests),
-                                              "--chunks", str(chunks), "--exit-at-once"])
-        return per_thread[1], sum(per_thread.values())  # 1: the main (serving) thread
-
-    # Each count is of its own process, so runs may overlap (--jobs) without changing the counts.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        runs = {(arm, count): pool.submit(totals, arm, count) for arm in arms for count in (requests, base)}
-    result: dict[str, dict[str, float]] = {}
-    for arm in arms:
-        (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, requests].result(), runs[arm, base].result()
-        result[arm] = {"thread_instructions": (thread_hi - thread_lo) / (requests - base),
-                       "all_instructions": (all_hi - all_lo) / (requests - base)}
-        print(f"{arm:<11} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
-              f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
-    return result
+    return per_request(lambda arm, count: [sys.executable, __file__, "--child", arm, "--requests", str(count),
+                                           "--chunks", str(chunks), "--exit-at-once"],
+                       arms, requests, base, jobs)
 
 
 def main() -> int:

@@ -169,5 +169,5 @@ def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset
 def traceresponse(span: trace.Span) -> str:
     """The W3C Trace Context Level 2 ``traceresponse`` value naming *span*."""
     context = span.get_span_context()
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags) & 0xff:02x}"
+    return "00-%032x-%016x-%02x" % (context.trace_id, context.span_id, context.trace_flags & 0xFF)
 

@@ -14,17 +14,25 @@ A traced response carries ``traceresponse`` (and, when the handler returned it u
 ``Server-Timing`` where the request's phases are known). Headers must be set before a response
 is prepared: a response the handler returned is still unsent here; one the handler sends itself
 (a ``StreamResponse``) gets them in :func:`traced_prepare`, which replaces
-``StreamResponse.prepare`` and looks at one context variable, set only for traced calls.
+``StreamResponse.prepare`` and looks at one context variable, :data:`_traced`, set only for a
+call whose SERVER span records: an unsampled call costs it one ``ContextVar.get``.
 
-Nothing of llmtrace runs per streamed chunk. The first byte is the response's first ``write``:
-:func:`traced_prepare` (once per response) gives the response an instance attribute ``write``
-that notes the time, removes itself and calls the class's ``write``. A client that leaves is
-seen where aiohttp sees it: the connection's ``connection_lost`` cancels the request it is
-serving (``BaseRequest._cancel``, hooked by :func:`traced_cancel`), which finds the call in
-:data:`_in_flight` and ends its open requests as ``abort`` — before the handler's next write
-fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost ~10k instructions
-per 33-chunk request; callgrind, ``benchmarks/bench_aiohttp_request.py``.) The hooks are plain
-functions put in the class, not wrapt proxies, which are bound anew at every attribute access.
+Nothing of llmtrace runs per streamed chunk. The first byte (``llm.time_to_first_byte_s``, an
+attribute of a recording SERVER span) is the response's first write: once a traced call's
+response is prepared, its payload writer (``StreamResponse._payload_writer``) is replaced by a
+:class:`_FirstWrite` stand-in that notes the time at the first ``write``, puts the writer back and
+passes the write on; later chunks go to aiohttp's writer untouched. Nothing is set on the response
+that it did not have: an instance attribute ``write`` in front of the class's method adds the
+name to the instances' shared attribute keys, after which CPython no longer specialises
+``response.write(...)`` for any response of the class (~10k instructions more per 33-chunk
+request, traced or not), and reading the instance's ``__dict__`` to remove it slowed every
+attribute read of that response (~28k; callgrind, ``benchmarks/bench_aiohttp_request.py``). A
+client that leaves is seen where aiohttp sees it: the connection's ``connection_lost`` cancels
+the request it is serving (``BaseRequest._cancel``, hooked by :func:`traced_cancel`), which finds
+the call in :data:`_in_flight` and ends its open requests as ``abort`` — before the handler's
+next write fails, as ASGI's ``http.disconnect`` does. (A per-chunk ``write`` hook cost ~10k
+instructions per 33-chunk request.) The hooks are plain functions put in the class, not wrapt
+proxies, which are bound anew at every attribute access.
 
 :func:`scope_middleware` is the server scope alone, for calls inside a SERVER span that
 OpenTelemetry's middleware made (the host's, or ``server_spans="otel"``).
@@ -67,9 +75,10 @@ _set_exchange, _reset_exchange = _server._current_exchange.set, _server._current
 #: The calls being served, by ``id()`` of their request (alive while it is in here): how the
 #: connection-lost hook, which runs outside the call's context, finds the call.
 _in_flight: dict[int, Exchange] = {}
-#: The traced call whose response still lacks its trace headers (set only for such calls).
-_stamping: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("llmtrace_aiohttp_stamping",
-                                                                         default=None)
+#: The call being served, where its SERVER span records (set only then): its response gets the
+#: trace headers and its first write is timed when it is prepared.
+_traced: contextvars.ContextVar[_Call | _Joined | None] = contextvars.ContextVar("llmtrace_aiohttp_traced",
+                                                                                 default=None)
 
 
 def configure(excluded: re.Pattern[str] | None) -> None:
@@ -99,7 +108,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     scope_token = enter_scope(exchange.scope)
     exchange_token = _set_exchange(exchange)
     _in_flight[id(request)] = exchange
-    stamping = _stamping.set(call) if call.stamps else None
+    traced = _traced.set(call) if call.recording else None
     try:
         response = await handler(request)
     except BaseException as exc:
@@ -107,12 +116,12 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
         raise
     else:
         call.status = getattr(response, "status", None)
-        if stamping is not None and not call.stamped:
+        if call.stamps and not call.stamped:
             call.stamp(response, timing=True)
         return response
     finally:
-        if stamping is not None:
-            _stamping.reset(stamping)
+        if traced is not None:
+            _traced.reset(traced)
         del _in_flight[id(request)]
         try:  # (three resets: contextlib.suppress would add two calls to every HTTP call)
             _reset_exchange(exchange_token)
@@ -135,9 +144,12 @@ async def scope_middleware(request: Any, handler: Any) -> Any:
         return await handler(request)
     exchange = _server.Exchange()
     _in_flight[id(request)] = exchange
+    traced = _traced.set(_Joined(exchange)) if exchange.span.is_recording() else None
     try:
         return await _server.run_in_exchange(exchange, lambda: handler(request), _is_disconnect)
     finally:
+        if traced is not None:
+            _traced.reset(traced)
         del _in_flight[id(request)]
 
 
@@ -146,37 +158,82 @@ scope_middleware.__middleware_version__ = 1  # type: ignore[attr-defined]  # aio
 
 def traced_prepare(prepare: Any) -> Any:
     """``StreamResponse.prepare`` (*prepare*): a traced call's response gets its headers before
-    they are sent, and the response's first write will note the first byte. (Called twice for a
-    response the handler prepared itself: aiohttp prepares every response the handler returns.)"""
+    they are sent, and its first write will note the first byte. (Called twice for a response
+    the handler prepared itself: aiohttp prepares every response the handler returns.)"""
 
     def prepare_traced(self: Any, request: Any) -> Any:
-        # A plain function that returns aiohttp's own coroutine: no coroutine of llmtrace's per
-        # call (two calls per response). Callers await it at once, as aiohttp's own do.
-        call = _stamping.get()
-        if call is not None and not call.stamped:
-            call.stamp(self, timing=False)
-        exchange = _find_exchange()
-        if exchange is not None and exchange.scope.first_byte_ns is None:
-            try:
-                _time_first_write(self, exchange)
-            except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host (no guard frame per call)
-                record_error("aiohttp.first_write", exc)
-        return prepare(self, request)
+        # A plain function that returns aiohttp's own coroutine for an untraced call: no coroutine
+        # of llmtrace's per call (two calls per response). Callers await it at once, as aiohttp's do.
+        traced = _traced.get()
+        if traced is None or traced.timed:
+            return prepare(self, request)
+        try:
+            traced.prepared(self)
+        except Exception as exc:  # noqa: BLE001 - telemetry never raises into the host (no guard frame per call)
+            record_error("aiohttp.prepare", exc)
+            return prepare(self, request)
+        return _prepare_timed(self, request, prepare, traced)
 
     prepare_traced.__wrapped__ = prepare  # type: ignore[attr-defined]
     return prepare_traced
 
 
-def _time_first_write(response: Any, exchange: Exchange) -> None:
-    """Make *response*'s next ``write`` note the first byte, once: an instance attribute in front of
-    the class's method, removed by its first call (later chunks find the class's, untouched)."""
+async def _prepare_timed(response: Any, request: Any, prepare: Any, traced: _Call | _Joined) -> Any:
+    """*prepare* the response of a *traced* call, then put :class:`_FirstWrite` in front of its writer."""
+    writer = await prepare(response, request)
+    if writer is not None and getattr(response, "_payload_writer", None) is writer:
+        response._payload_writer = _FirstWrite(response, writer, traced)
+    return writer
 
-    def first_write(data: Any) -> Any:
-        response.__dict__.pop("write", None)
-        exchange.first_byte(True)
-        return response.write(data)
 
-    response.write = first_write
+class _FirstWrite:
+    """A prepared response's payload writer until its first write (see the module docstring):
+    anything else is the writer's own."""
+
+    __slots__ = ("_response", "_traced", "_writer")
+
+    def __init__(self, response: Any, writer: Any, traced: _Call | _Joined) -> None:
+        object.__setattr__(self, "_response", response)
+        object.__setattr__(self, "_writer", writer)
+        object.__setattr__(self, "_traced", traced)
+
+    def _done(self, timed: bool) -> Any:
+        writer = self._writer
+        if getattr(self._response, "_payload_writer", None) is self:
+            self._response._payload_writer = writer
+        if timed:
+            self._traced.first_byte()
+        return writer
+
+    def write(self, chunk: Any, *args: Any, **kwargs: Any) -> Any:
+        if not chunk:  # no byte yet: stay in front
+            return self._writer.write(chunk, *args, **kwargs)
+        return self._done(True).write(chunk, *args, **kwargs)
+
+    def write_eof(self, chunk: Any = b"", *args: Any, **kwargs: Any) -> Any:
+        return self._done(bool(chunk)).write_eof(chunk, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._writer, name, value)
+
+
+class _Joined:
+    """A call inside a recording SERVER span that someone else made: only its first write is timed."""
+
+    __slots__ = ("exchange", "timed")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self.exchange = exchange
+        self.timed = False
+
+    def prepared(self, response: Any) -> None:
+        self.timed = True
+
+    def first_byte(self) -> None:
+        self.exchange.first_byte(True)  # guarded: never raises into aiohttp (the span is live)
 
 
 def traced_cancel(cancel: Any) -> Any:
@@ -231,7 +288,7 @@ class _Call:
     """One HTTP call under llmtrace's SERVER span."""
 
     __slots__ = ("_ended", "_live", "_metrics", "context", "error", "exchange", "method", "offset", "recording",
-                 "request", "scheme", "stamped", "stamps", "start", "start_ns", "status")
+                 "request", "scheme", "stamped", "stamps", "start", "start_ns", "status", "timed")
 
     def __init__(self, request: Any) -> None:
         self.start_ns = start = monotonic_ns()
@@ -246,12 +303,23 @@ class _Call:
         self._live = not isinstance(span, _server_span.ServerSpan)  # a live API span: ended in any case
         self.exchange = Exchange(span, start, offset, self.context)
         self.stamps = self.recording and _runtime.settings().response_headers
-        self.stamped = False
+        self.stamped = self.timed = False
         self.status: int | None = None
         self.error: BaseException | None = None
         self._metrics: HttpServerMetrics | None = _runtime.http_metrics()
         metrics = self._metrics
         self._ended = metrics.started(method, scheme) if metrics is not None else None
+
+    def prepared(self, response: Any) -> None:
+        """*response* is being prepared (sent) while this recording call runs: its trace headers."""
+        self.timed = True
+        if self.stamps and not self.stamped:
+            self.stamp(response, timing=False)
+
+    def first_byte(self) -> None:
+        """The response's first body bytes are being written now (the span's attribute is added
+        when it is built)."""
+        self.exchange.scope.first_byte_ns = monotonic_ns()
 
     @guarded("aiohttp.response_headers")
     def stamp(self, response: Any, timing: bool) -> None:
@@ -305,5 +373,9 @@ class _Call:
     def _build(self, end_ns: int, route: str | None, error_type: str | None) -> None:
         # A raised HTTPException is the response the handler chose: no exception event for it.
         error = None if extractors.is_http_exception(self.error) else self.error
-        finish_http_span(self.start, extractors.server_attributes(self.request, self.method), self.method, route,
-                         self.status, error_type, error, self.start_ns, end_ns, self.offset)
+        attributes = extractors.server_attributes(self.request, self.method)
+        scope = self.exchange.scope
+        if scope.first_byte_ns is not None:
+            attributes[semconv.LLM_TIME_TO_FIRST_BYTE_S] = (scope.first_byte_ns - scope.arrival_ns) * 1e-9
+        finish_http_span(self.start, attributes, self.method, route, self.status, error_type, error, self.start_ns,
+                         end_ns, self.offset)
