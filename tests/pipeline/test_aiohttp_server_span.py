@@ -200,6 +200,69 @@ def test_sub_application_call_has_one_span_with_the_prefixed_route(serve: Any) -
     assert trace.StatusCode.UNSET == spans[0].status.status_code
 
 
+def test_first_byte_is_the_first_written_body_byte(capture_spans: Any) -> None:
+    """A streamed response prepared at once, an empty write, then its first bytes 0.3 s later:
+    llm.time_to_first_byte_s is the first non-empty write's (not the headers'), and every chunk
+    after it reaches the client whole (they go to aiohttp's own writer)."""
+    import httpx
+    from aiohttp import web
+
+    async def late(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"")
+        await asyncio.sleep(0.3)
+        for index in range(5):
+            await response.write(f"data: {index}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    with capture_spans() as captured:
+        app = web.Application()
+        app.router.add_get("/late", late)
+        with aiohttp_server(app) as url, httpx.Client(timeout=30) as client:
+            response = client.get(url + "/late")
+            [server] = _server_spans(captured, 1)
+    assert "".join(f"data: {index}\n\n" for index in range(5)) == response.text
+    duration_s = (server.end_time - server.start_time) * 1e-9
+    assert 0.3 <= server.attributes[semconv.LLM_TIME_TO_FIRST_BYTE_S] <= duration_s
+
+
+def test_app_with_no_middleware_of_its_own_gets_the_span_as_its_request_handler(capture_spans: Any) -> None:
+    """An app whose only middleware is llmtrace's has it taken out when the app is frozen, and its
+    server's request handler makes the SERVER span (no middleware chain per request); an app with
+    a middleware of its own keeps llmtrace's, first. Both: one SERVER span per call."""
+    import httpx
+    from aiohttp import web
+
+    async def hello(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    @web.middleware
+    async def own(request: web.Request, handler: Any) -> web.StreamResponse:
+        response: web.StreamResponse = await handler(request)
+        response.headers["X-Own"] = "1"
+        return response
+
+    with capture_spans() as captured:
+        plain, with_own = web.Application(), web.Application(middlewares=[own])
+        for app in (plain, with_own):
+            app.router.add_get("/hello/{name}", hello)
+        with aiohttp_server(plain) as plain_url, aiohttp_server(with_own) as own_url, \
+                httpx.Client(timeout=30) as client:
+            assert 200 == client.get(plain_url + "/hello/a").status_code
+            assert "1" == client.get(own_url + "/hello/b").headers["X-Own"]
+            spans = _server_spans(captured, 2)
+            time.sleep(0.2)  # a third SERVER span, if any, would have ended by now
+            assert 2 == len([s for s in captured.collect() if s.kind == trace.SpanKind.SERVER])
+    from llmtrace.integrations.aiohttp.middleware import server_span_middleware
+
+    assert [] == list(plain.middlewares)
+    assert [server_span_middleware, own] == list(with_own.middlewares)
+    assert ["GET /hello/{name}"] * 2 == [s.name for s in spans]
+    assert {"/hello/a", "/hello/b"} == {s.attributes["url.path"] for s in spans}
+
+
 def test_non_streamed_response_carries_server_timing(serve: Any) -> None:
     """A non-streamed traced response: Server-Timing with the request's queue, prefill and TTFT."""
     import httpx

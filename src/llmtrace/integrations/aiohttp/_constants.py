@@ -7,6 +7,10 @@ from typing import Final
 MODULE: Final = "aiohttp.web"
 APP_MODULE: Final = "aiohttp.web_app"
 APP_INIT: Final = "Application.__init__"
+#: What ``AppRunner`` (``run_app``, the test server) calls on an application before it makes its
+#: server, and what makes the server (its request handler).
+APP_FREEZE: Final = "Application.freeze"
+APP_MAKE_HANDLER: Final = "Application._make_handler"
 RESPONSE_MODULE: Final = "aiohttp.web_response"
 REQUEST_MODULE: Final = "aiohttp.web_request"
 #: What a connection calls on the request it is serving when it is lost (aiohttp >= 3.8).

@@ -2,7 +2,13 @@
 
 Every ``web.Application`` created while the integration is on gets one llmtrace middleware
 (``middleware.py``): by default (``server_spans="llmtrace"``) llmtrace's SERVER span, first in
-the list so that it covers every other middleware. An application whose middlewares already
+the list so that it covers every other middleware. An application whose only middleware is that
+one has it taken out of the list when it is frozen (``AppRunner``, ``web.run_app`` and aiohttp's
+test server freeze an application before they make its server), and the server made for it
+(``Application._make_handler``) gets the same function as its request handler: the same span
+around the whole call, without the middleware chain that aiohttp builds per request for an
+application with any middleware (~4k instructions per request; callgrind,
+``benchmarks/bench_aiohttp_request.py``). An application whose middlewares already
 hold OpenTelemetry's aiohttp-server middleware (the host enabled ``AioHttpServerInstrumentor``,
 whose ``web.Application`` subclass adds it, or listed it by hand) keeps that SERVER span, and
 llmtrace's scope middleware goes last, inside it; so does every application under
@@ -15,8 +21,10 @@ wrapt proxies (see middleware.py); nothing is wrapped per streamed chunk.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +59,42 @@ def _with_middleware(wrapped: Any, args: tuple[Any, ...],
     bound.arguments["middlewares"] = extractors.with_middleware(bound.arguments.get("middlewares"), own,
                                                                 scope_middleware)
     return bound.args, bound.kwargs
+
+
+#: Applications whose llmtrace middleware was taken out when they were frozen: their server's
+#: request handler gets the SERVER span instead.
+_handler_spans: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _freeze_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if _take_out_middleware(instance):
+        _handler_spans.add(instance)
+    return wrapped(*args, **kwargs)
+
+
+def _make_handler_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    server = wrapped(*args, **kwargs)
+    if instance in _handler_spans:
+        _wrap_request_handler(server, instance)
+    return server
+
+
+@guarded("aiohttp.request_handler", default=False)
+def _take_out_middleware(app: Any) -> bool:
+    """Whether llmtrace's middleware was taken out of *app*'s list, as it is being frozen: where it
+    is the only one, in a list not frozen yet (a sub-application's list is frozen when it is added,
+    and keeps it: inside the outer call it passes calls through)."""
+    middlewares = getattr(app, "middlewares", None)
+    if (getattr(app, "frozen", True) or middlewares is None or getattr(middlewares, "frozen", True)
+            or len(middlewares) != 1 or middlewares[0] is not server_span_middleware):
+        return False
+    middlewares.remove(server_span_middleware)
+    return True
+
+
+@guarded("aiohttp.request_handler")
+def _wrap_request_handler(server: Any, app: Any) -> None:
+    server.request_handler = functools.partial(server_span_middleware, handler=app._handle)
 
 
 def _enable_otel() -> bool:
@@ -88,6 +132,8 @@ class AioHttpInstrumentor(Instrumentor):
         self._otel_enabled = _enable_otel() if mode == "otel" else False
         middleware.configure(excluded_urls(_constants.OTEL_EXCLUDED_NAME))
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_INIT, _app_init_wrapper)
+        self.patches.wrap(_constants.APP_MODULE, _constants.APP_FREEZE, _freeze_wrapper)
+        self.patches.wrap(_constants.APP_MODULE, _constants.APP_MAKE_HANDLER, _make_handler_wrapper)
         self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
         self._replace(_constants.REQUEST_MODULE, _constants.REQUEST_CANCEL, middleware.traced_cancel)
         _server.ENABLED.add(INTEGRATION)
