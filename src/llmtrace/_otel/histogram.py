@@ -73,7 +73,7 @@ class _Point:
 
 #: Pending measurements an aggregated histogram folds on the recording thread once there are
 #: this many (otherwise at each collection): memory stays bounded if collection stalls.
-MAX_PENDING = 4096
+MAX_PENDING = 64
 
 
 class AggregatedHistogram:
