@@ -72,7 +72,10 @@ class _Point:
 
 
 #: Pending measurements an aggregated histogram folds on the recording thread once there are
-#: this many (otherwise at each collection): memory stays bounded if collection stalls.
+#: this many (otherwise at each collection). Small, so that a pending ``(value, key)`` pair dies
+#: young: with 4,096, the pairs of every request outlived the garbage collector's youngest
+#: generation and set off its collections, full ones included (aiohttp streamed request: ~2.8
+#: net allocations and ~13k instructions per request, against ~1k for folding on the spot).
 MAX_PENDING = 64
 
 

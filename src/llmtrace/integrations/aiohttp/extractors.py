@@ -39,15 +39,33 @@ def with_middleware(middlewares: Iterable[Any] | None, server_span: Any | None, 
     return result
 
 
+#: Route -> its template, for routes of applications' routers. An unmatched path's route (aiohttp
+#: makes a new one per request, with no resource) is never kept, and the whole cache is dropped
+#: when it reaches :data:`_MAX_ROUTES` (a process that makes many apps does not keep them alive).
+_ROUTE_NAMES: dict[Any, str | None] = {}
+_MAX_ROUTES = 1024
+
+
 def route_of(request: Any) -> str | None:
     """The route template aiohttp matched (``/v1/models/{model}``, with a sub-application's
-    prefix), as OpenTelemetry's instrumentation names it; None when no route matched (a 404)."""
+    prefix), as OpenTelemetry's instrumentation names it; None when no route matched (a 404).
+    Asked once per call: a route's template is looked up once."""
     try:
-        resource = request.match_info.route.resource
-    except AttributeError:
+        route = request.match_info.route
+        return _ROUTE_NAMES[route]
+    except KeyError:
+        pass
+    except (AttributeError, TypeError):  # no match info yet, or an unhashable route
         return None
-    canonical = resource.canonical if resource is not None else None
-    return canonical if isinstance(canonical, str) and canonical else None
+    resource = getattr(route, "resource", None)
+    if resource is None:
+        return None
+    canonical = resource.canonical
+    name = canonical if isinstance(canonical, str) and canonical else None
+    if len(_ROUTE_NAMES) >= _MAX_ROUTES:
+        _ROUTE_NAMES.clear()
+    _ROUTE_NAMES[route] = name
+    return name
 
 
 def protocol_version(version: Any) -> str | None:
