@@ -228,6 +228,51 @@ def test_first_byte_is_the_first_written_body_byte(capture_spans: Any) -> None:
     assert 0.3 <= server.attributes[semconv.LLM_TIME_TO_FIRST_BYTE_S] <= duration_s
 
 
+def test_websocket_and_file_responses_are_served_whole_and_traced(capture_spans: Any) -> None:
+    """Responses that write around the payload writer llmtrace stands in front of: a WebSocket
+    (frames go through its own writer) and a file (sendfile): both delivered whole, each call
+    one SERVER span with its status, no telemetry error counted."""
+    from aiohttp import ClientSession, web
+
+    from llmtrace._safety import error_counts
+
+    async def echo(request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        async for message in socket:
+            await socket.send_str("echo:" + message.data)
+            if message.data == "bye":
+                await socket.close()
+        return socket
+
+    async def source(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(__file__)
+
+    async def talk(url: str) -> tuple[list[str], bytes]:
+        async with ClientSession() as session:
+            async with session.ws_connect(url + "/ws") as socket:
+                replies = []
+                for text in ("a", "bye"):
+                    await socket.send_str(text)
+                    replies.append((await socket.receive()).data)
+            async with session.get(url + "/file") as response:
+                return replies, await response.read()
+
+    with capture_spans() as captured:
+        errors_before = sum(error_counts().values())
+        app = web.Application()
+        app.router.add_get("/ws", echo)
+        app.router.add_get("/file", source)
+        with aiohttp_server(app) as url:
+            replies, body = asyncio.run(talk(url))
+            spans = _server_spans(captured, 2)
+        assert errors_before == sum(error_counts().values())
+    assert ["echo:a", "echo:bye"] == replies
+    assert Path(__file__).read_bytes() == body
+    assert {("GET /ws", 101), ("GET /file", 200)} == {(s.name, s.attributes["http.response.status_code"])
+                                                      for s in spans}
+
+
 def test_app_with_no_middleware_of_its_own_gets_the_span_as_its_request_handler(capture_spans: Any) -> None:
     """An app whose only middleware is llmtrace's has it taken out when the app is frozen, and its
     server's request handler makes the SERVER span (no middleware chain per request); an app with
