@@ -7,7 +7,7 @@ one has it taken out of the list when it is frozen (``AppRunner``, ``web.run_app
 test server freeze an application before they make its server), and the server made for it
 (``Application._make_handler``) gets the same function as its request handler: the same span
 around the whole call, without the middleware chain that aiohttp builds per request for an
-application with any middleware (~4k instructions per request; callgrind,
+application with any middleware (~18k instructions per request; callgrind,
 ``benchmarks/bench_aiohttp_request.py``). An application whose middlewares already
 hold OpenTelemetry's aiohttp-server middleware (the host enabled ``AioHttpServerInstrumentor``,
 whose ``web.Application`` subclass adds it, or listed it by hand) keeps that SERVER span, and
