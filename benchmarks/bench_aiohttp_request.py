@@ -3,8 +3,9 @@
 The aiohttp counterpart of ``bench_asgi_request.py``. llmtrace makes the SERVER span with
 its own middleware — here, the app having no middleware of its own, the same function as the
 server's request handler — and a hook on ``StreamResponse.prepare`` (``integrations/aiohttp/``);
-this benchmark compares it with opentelemetry-instrumentation-aiohttp-server on one request path. The handler streams *chunks*
-Server-Sent Events (as a streamed completion does) through a ``web.StreamResponse``.
+this benchmark compares it with opentelemetry-instrumentation-aiohttp-server on one request path.
+The handler streams *chunks* Server-Sent Events (as a streamed completion does) through a
+``web.StreamResponse``.
 
 Requests go through aiohttp's real server protocol (``RequestHandler``: HTTP parsing,
 middleware chain, chunked response encoding) over an in-memory transport, so no client and

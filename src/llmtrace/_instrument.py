@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics as otel_metrics
 
@@ -21,6 +21,11 @@ from llmtrace._version import __version__
 from llmtrace.config import Settings, resolve
 from llmtrace.integrations import _hooks
 from llmtrace.lifecycle.builder import BUILDER
+
+if TYPE_CHECKING:
+    from llmtrace._http_metrics import HttpServerMetrics
+    from llmtrace._rpc_metrics import RpcServerMetrics
+    from llmtrace.lifecycle.metrics import ServingMetrics
 
 log = logging.getLogger("llmtrace")
 
@@ -82,6 +87,29 @@ def _register_gpu_metrics(sampler: Any, meter: Any) -> None:
         log.warning("llmtrace: GPU metrics unavailable: %s", exc)
 
 
+#: The server metrics made for the providers of this process (see :func:`_server_metrics`).
+_metrics_made: tuple[Any, ServingMetrics, HttpServerMetrics, RpcServerMetrics] | None = None
+
+
+def _server_metrics(providers: Any, meter: Any) -> tuple[ServingMetrics, HttpServerMetrics, RpcServerMetrics]:
+    """The request, HTTP and RPC metrics on *meter*, made once per *providers* (kept across
+    ``uninstrument()``/``instrument()``): the SDK keeps the first instrument of a name on a meter,
+    callbacks included, so observable instruments made again would never be observed — the
+    first objects' would, with what they last held (``http.server.active_requests`` went
+    missing after a re-instrument)."""
+    global _metrics_made
+    from llmtrace._http_metrics import HttpServerMetrics
+    from llmtrace._rpc_metrics import RpcServerMetrics
+    from llmtrace.lifecycle.metrics import ServingMetrics
+
+    made = _metrics_made
+    if made is None or made[0] is not providers:
+        made = _metrics_made = (providers, ServingMetrics(meter, providers.drops, providers.histograms),
+                                HttpServerMetrics(meter, providers.histograms),
+                                RpcServerMetrics(meter, providers.histograms))
+    return made[1], made[2], made[3]
+
+
 def instrument(**options: Any) -> Instrumentation:
     """Turn llmtrace on: configure export, then patch every enabled integration.
 
@@ -99,14 +127,8 @@ def instrument(**options: Any) -> Instrumentation:
             explicit = bool({"exporter", "endpoint"} & set(options)) or _env_explicit()
             _providers = otel_providers.setup(settings, explicit_exporter=explicit)
         meter = _providers.meter_provider.get_meter("llmtrace", __version__)
-        from llmtrace._http_metrics import HttpServerMetrics
-        from llmtrace._rpc_metrics import RpcServerMetrics
-        from llmtrace.lifecycle.metrics import ServingMetrics
-
-        serving = ServingMetrics(meter, _providers.drops, _providers.histograms) if settings.metrics else None
+        serving, http, rpc = _server_metrics(_providers, meter) if settings.metrics else (None, None, None)
         _listen_for_errors(serving.record_error if serving is not None else None)
-        http = HttpServerMetrics(meter, _providers.histograms) if settings.metrics else None
-        rpc = RpcServerMetrics(meter, _providers.histograms) if settings.metrics else None
         _runtime.install(_runtime.Runtime(settings=settings, providers=_providers, metrics=serving,
                                           http_metrics=http, rpc_metrics=rpc))
         sampler = _start_gpu(settings)

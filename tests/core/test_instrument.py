@@ -145,3 +145,32 @@ def test_instrument_cycles_keep_one_error_listener() -> None:
     out = subprocess.run([sys.executable, "-c", _CYCLES], capture_output=True, text=True, timeout=60, check=True)
     found = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"listeners": [0, 1, 1, 1, 0], "errors": [1]} == found
+
+
+_REINSTRUMENT = """
+import json, llmtrace
+from llmtrace import _runtime, testing
+
+seen = []
+for cycle in range(3):
+    with testing.capture() as captured:
+        http = _runtime.http_metrics()
+        ended = http.started("GET", "http") if cycle else None  # the first cycle serves nothing
+        points = captured.metrics().get("http.server.active_requests", [])
+        seen.append(sorted(point.value for point in points))
+        if ended is not None:
+            http.request_done(ended, 0.01, "GET", "http", 200, "/x", "1.1", None)
+    llmtrace.uninstrument()
+print(json.dumps({"active": seen}))
+"""
+
+
+def test_metrics_made_again_by_a_later_instrument_are_observed() -> None:
+    """instrument() / uninstrument() / instrument() in one process (the export providers are kept):
+    http.server.active_requests counts the calls of the current instrumentation. The SDK keeps
+    the first instrument of a name on a meter with its callbacks, so metric objects made afresh
+    per instrument() were never observed (the first cycle's were, with what they last held)."""
+    out = subprocess.run([sys.executable, "-c", _REINSTRUMENT], capture_output=True, text=True, timeout=60,
+                         check=True)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert {"active": [[], [1], [1]]} == found

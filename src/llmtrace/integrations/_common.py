@@ -27,11 +27,11 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded, record_error
+from llmtrace.integrations import _server_span
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
 from llmtrace.lifecycle.request import current_request
 from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
@@ -96,7 +96,10 @@ def live_span(name: str, parent: otel_context.Context | None, start_ns: int, end
 
 
 def _current_span_recording() -> bool:
-    return trace.get_current_span().is_recording()
+    """``trace.get_current_span().is_recording()``, without the API's four frames: asked per
+    streamed decode and per forward."""
+    span = _server_span.current_context().get(_server_span.SPAN_KEY)
+    return span is not None and span.is_recording()
 
 
 @guarded("tokenize.record")
@@ -196,48 +199,63 @@ def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str
     return bound.arguments.get(name)
 
 
-def _timed_tokenizer_call(after: Any, observed: Callable[[], bool] | None = None) -> Any:
-    """A wrapt wrapper timing one user-level tokenizer call (nested calls pass straight through),
-    then reporting through *after(wrapped, instance, args, kwargs, result, start_ns, error)*.
-    When *observed* says nothing would record the call, it passes straight through too."""
+def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = None) -> Callable[[Any], Any]:
+    """``make(original)`` for :meth:`~llmtrace.integrations._base.Patches.replace`: a tokenizer
+    method *original* in a plain function that times one user-level call (nested calls pass
+    straight through), then reports through *after(original, instance, args, kwargs, result,
+    start_ns, error)*. When *observed* says nothing would record the call, it passes straight
+    through too. A plain function rather than a wrapt proxy: a streamed response decodes once
+    per token."""
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if _in_tokenizer.get() or (observed is not None and not observed()):
-            return wrapped(*args, **kwargs)
-        token = _in_tokenizer.set(True)
-        start = monotonic_ns()
-        try:
-            result = wrapped(*args, **kwargs)
-        except Exception as exc:
+    def make(original: Any) -> Any:
+        @functools.wraps(original)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _in_tokenizer.get():
+                return original(self, *args, **kwargs)
+            token = _in_tokenizer.set(True)
+            if observed is not None and not observed():
+                # Still the user-level call: the calls nested in it (transformers' decode calls the
+                # tokenizers one) pass straight through instead of asking again (~6k instructions
+                # a streamed decode).
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    _in_tokenizer.reset(token)
+            start = monotonic_ns()
+            try:
+                result = original(self, *args, **kwargs)
+            except Exception as exc:
+                _in_tokenizer.reset(token)
+                after(original, self, args, kwargs, None, start, exc)
+                raise
             _in_tokenizer.reset(token)
-            after(wrapped, instance, args, kwargs, None, start, exc)
-            raise
-        _in_tokenizer.reset(token)
-        after(wrapped, instance, args, kwargs, result, start, None)
-        return result
+            after(original, self, args, kwargs, result, start, None)
+            return result
 
-    return wrapper
+        return method
+
+    return make
 
 
-def encode_wrapper(count: Any, text_param: str) -> Any:
-    """A wrapt wrapper timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
-    return _timed_tokenizer_call(functools.partial(_after_encode, count, text_param))
+def encode_method(count: Any, text_param: str) -> Callable[[Any], Any]:
+    """``make(original)`` timing one user-level encode; *count(result, args, kwargs)* -> (tokens, batch)."""
+    return _timed_tokenizer_method(functools.partial(_after_encode, count, text_param))
 
 
 @guarded("tokenize.wrapper")
-def _after_encode(count: Any, text_param: str, wrapped: Any, instance: Any, args: tuple[Any, ...],
+def _after_encode(count: Any, text_param: str, original: Any, instance: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any], result: Any, start_ns: int, error: BaseException | None) -> None:
     end = monotonic_ns()
     tokens, batch = count(result, args, kwargs) if error is None else (0, 0)
     text = None
     if _runtime.settings().capture_content:
-        text = capture_text(bound_argument(wrapped, text_param, args, kwargs))
+        text = capture_text(bound_argument(original, text_param, args, kwargs, instance))
     record_tokenize(start_ns, end, tokens, batch, type(instance).__name__, text, error)
 
 
-def decode_wrapper(count: Any) -> Any:
-    """A wrapt wrapper timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    return _timed_tokenizer_call(functools.partial(_after_decode, count), _decode_observed)
+def decode_method(count: Any) -> Callable[[Any], Any]:
+    """``make(original)`` timing one user-level decode; *count(args, kwargs)* -> tokens."""
+    return _timed_tokenizer_method(functools.partial(_after_decode, count), _decode_observed)
 
 
 def _decode_observed() -> bool:
@@ -260,7 +278,7 @@ def _decode_observed() -> bool:
         return True
 
 
-def _after_decode(count: Any, wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+def _after_decode(count: Any, original: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   result: Any, start_ns: int, error: BaseException | None) -> None:
     record_detokenize(start_ns, monotonic_ns(), DecodeCall(count, instance, args, kwargs, result, error))
 

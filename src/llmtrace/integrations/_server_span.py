@@ -89,8 +89,9 @@ class ServerSpanStart(tuple):  # type: ignore[type-arg]  # a plain tuple: built 
 #: The context of a call that carried no propagation header (see ``_asgi_server.extract_context``).
 NO_PARENT = otel_context.Context()
 #: The key under which OpenTelemetry's API keeps the current span in a context, read off the API
-#: itself: a call with no parent gets ``Context({key: span})`` without the API's two copies.
-_SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
+#: itself: a call with no parent gets ``Context({key: span})`` without the API's two copies, and
+#: the current span is ``current_context().get(SPAN_KEY)`` without the API's four frames.
+SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
 class PropagationFields(NamedTuple):
@@ -135,7 +136,7 @@ def begin(parent_context: otel_context.Context, name: str, start_ns: int, offset
                                             start_time=to_wall_ns(start_ns, offset))
         recording = span.is_recording()
     if parent_context is NO_PARENT:
-        call_context = otel_context.Context({_SPAN_KEY: span})
+        call_context = otel_context.Context({SPAN_KEY: span})
     else:
         call_context = trace.set_span_in_context(span, parent_context)
     return ServerSpanStart((span, recording, parent, call_context, spans))

@@ -25,10 +25,7 @@ import functools
 import inspect
 import warnings
 import weakref
-from collections.abc import Callable
 from typing import Any
-
-import wrapt
 
 from llmtrace import _runtime
 from llmtrace._safety import guarded
@@ -134,14 +131,9 @@ class AioHttpInstrumentor(Instrumentor):
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_INIT, _app_init_wrapper)
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_FREEZE, _freeze_wrapper)
         self.patches.wrap(_constants.APP_MODULE, _constants.APP_MAKE_HANDLER, _make_handler_wrapper)
-        self._replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
-        self._replace(_constants.REQUEST_MODULE, _constants.REQUEST_CANCEL, middleware.traced_cancel)
+        self.patches.replace(_constants.RESPONSE_MODULE, _constants.STREAM_PREPARE, middleware.traced_prepare)
+        self.patches.replace(_constants.REQUEST_MODULE, _constants.REQUEST_CANCEL, middleware.traced_cancel)
         _server.ENABLED.add(INTEGRATION)
-
-    def _replace(self, module: str, path: str, make: Callable[[Any], Any]) -> None:
-        """Replace ``module:path`` with ``make(original)``, a plain function (see middleware.py)."""
-        parent, attribute, original = wrapt.resolve_path(module, path)
-        self.patches.set_attr(parent, attribute, make(original))
 
     def _unpatch(self) -> None:
         _server.ENABLED.discard(INTEGRATION)

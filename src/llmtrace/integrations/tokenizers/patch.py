@@ -30,7 +30,7 @@ class TokenizersInstrumentor(Instrumentor):
 
     def _patch(self) -> None:
         module = _constants.MODULE
-        self.patches.wrap(module, "Tokenizer.encode", _common.encode_wrapper(_count_encode, "sequence"))
-        self.patches.wrap(module, "Tokenizer.encode_batch", _common.encode_wrapper(_count_encode, "input"))
-        self.patches.wrap(module, "Tokenizer.decode", _common.decode_wrapper(_count_decode))
-        self.patches.wrap(module, "Tokenizer.decode_batch", _common.decode_wrapper(_count_decode_batch))
+        self.patches.replace(module, "Tokenizer.encode", _common.encode_method(_count_encode, "sequence"))
+        self.patches.replace(module, "Tokenizer.encode_batch", _common.encode_method(_count_encode, "input"))
+        self.patches.replace(module, "Tokenizer.decode", _common.decode_method(_count_decode))
+        self.patches.replace(module, "Tokenizer.decode_batch", _common.decode_method(_count_decode_batch))

@@ -70,10 +70,10 @@ class TransformersInstrumentor(Instrumentor):
 
     def _patch_tokenizers(self) -> None:
         for path, text_param in _constants.ENCODE_METHODS:
-            self.patches.wrap(_constants.TOKENIZER_MODULE, path, _common.encode_wrapper(_count_encoding, text_param))
+            self.patches.replace(_constants.TOKENIZER_MODULE, path, _common.encode_method(_count_encoding, text_param))
         decode, batch_decode = _constants.DECODE_METHODS
-        self.patches.wrap(_constants.TOKENIZER_MODULE, decode, _common.decode_wrapper(_count_decode))
-        self.patches.wrap(_constants.TOKENIZER_MODULE, batch_decode, _common.decode_wrapper(_count_batch_decode))
+        self.patches.replace(_constants.TOKENIZER_MODULE, decode, _common.decode_method(_count_decode))
+        self.patches.replace(_constants.TOKENIZER_MODULE, batch_decode, _common.decode_method(_count_batch_decode))
 
     def _patch_modeling(self) -> None:
         self.patches.wrap(_constants.MODELING_MODULE, _constants.POST_INIT, _post_init_wrapper)
