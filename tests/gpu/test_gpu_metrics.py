@@ -107,3 +107,21 @@ def test_stopped_sampler_reports_nothing_stale() -> None:
     metrics = _collect(sampler)
     assert [({}, 0)] == metrics[METRIC_GPU_AVAILABLE]
     assert [] == metrics.get(HW_GPU_POWER, [])
+
+
+def test_registering_again_on_the_same_meter_reads_the_new_sampler() -> None:
+    """A re-instrument registers the GPU metrics again on the same meter: the SDK would ignore new
+    instruments of the same names, so the first registration's now read the new sampler (the
+    first sampler is gone: availability and devices are the second's)."""
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    meter = provider.get_meter("test")
+    first = register_gpu_metrics(meter, None)
+    again = register_gpu_metrics(meter, _running(RecordedBackend()))
+    data = reader.get_metrics_data()
+    found = {metric.name: list(metric.data.data_points) for rm in data.resource_metrics if data
+             for sm in rm.scope_metrics for metric in sm.metrics}
+    provider.shutdown()
+    assert first is again
+    assert [1] == [point.value for point in found[METRIC_GPU_AVAILABLE]]
+    assert 2 == len(found[HW_GPU_UTILIZATION])

@@ -11,6 +11,7 @@ reads at least one live device, else 0 — also when there is no sampler at all.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -69,6 +70,11 @@ class _SnapshotReader:
         self._sampler = sampler
         self._attrs: dict[str, dict[str, str]] = {}
 
+    def use(self, sampler: GpuSampler | None) -> None:
+        """Read *sampler* from now on (the devices' labels are read afresh)."""
+        self._sampler = sampler
+        self._attrs = {}
+
     def _labels(self, device: GpuDevice) -> dict[str, str]:
         labels = self._attrs.get(device.uuid)
         if labels is None:
@@ -106,8 +112,15 @@ def register_gpu_metrics(meter: Meter, sampler: GpuSampler | None) -> list[Any]:
     ``sampler`` may be ``None`` (GPU off) or unavailable: then only
     ``llmtrace.gpu.available`` = 0 is reported. ``hw.gpu.energy`` is an observable
     *counter* (the NVML total-energy counter, joules since driver load, is monotonic).
-    Returns the instruments.
+    Returns the instruments. Registered again on the same meter (``uninstrument()`` then
+    ``instrument()`` keep the export providers), the instruments are the first registration's,
+    now reading *sampler*: the SDK keeps the first instrument of a name on a meter with its
+    callbacks, and would ignore new ones.
     """
+    found = _registered.get(meter)
+    if found is not None:
+        found[0].use(sampler)
+        return found[1]
     reader = _SnapshotReader(sampler)
     instruments: list[Any] = [
         meter.create_observable_gauge(
@@ -121,4 +134,9 @@ def register_gpu_metrics(meter: Meter, sampler: GpuSampler | None) -> list[Any]:
             HW_GPU_ENERGY, [reader.callback(HW_GPU_ENERGY)], "J", "Energy consumed since the driver loaded"
         )
     )
+    _registered[meter] = (reader, instruments)
     return instruments
+
+
+#: The reader and instruments registered on each meter (see :func:`register_gpu_metrics`).
+_registered: weakref.WeakKeyDictionary[Meter, tuple[_SnapshotReader, list[Any]]] = weakref.WeakKeyDictionary()
