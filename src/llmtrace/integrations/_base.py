@@ -73,8 +73,8 @@ class Patches:
 
         For hooks on per-token and per-chunk paths: a wrapt proxy on a class attribute is bound
         anew at every access and calls its wrapper with the bound method, an argument tuple and a
-        dict — ~6k instructions a call more than a plain function (a streamed decode,
-        callgrind)."""
+        dict — ~3k instructions a call more than a plain function (a streamed decode through two
+        pass-through hooks: 13k against 6.4k, callgrind)."""
         try:
             parent, attribute, original = wrapt.resolve_path(module, path)
         except (AttributeError, ImportError):
