@@ -37,21 +37,7 @@ class Patches:
 
     def wrap(self, module: str, path: str, wrapper: Callable[..., Any]) -> bool:
         """Wrap ``module:path`` (e.g. ``"tokenizers", "Tokenizer.encode"``); False if it is missing."""
-        try:
-            parent, attribute, original = wrapt.resolve_path(module, path)
-        except (AttributeError, ImportError):
-            warn_once(f"missing:{module}:{path}", "llmtrace: %s.%s not found; not tracing it", module, path)
-            return False
-        # Already wrapped by us. (Not ``isinstance(original, wrapt.ObjectProxy)``: with wrapt 2's
-        # C extension a FunctionWrapper is not an instance of the Python-level ObjectProxy.)
-        if getattr(original, _OURS, False):
-            return True
-        raw = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
-        proxy = wrapt.FunctionWrapper(original, wrapper)
-        setattr(proxy, _OURS, True)
-        setattr(parent, attribute, proxy)
-        self._saved.append((parent, attribute, raw))
-        return True
+        return self._put(module, path, lambda original: wrapt.FunctionWrapper(original, wrapper))
 
     def wrap_all(self, targets: Sequence[tuple[str, str, Callable[..., Any]]]) -> list[str]:
         """Wrap every ``(module, path, wrapper)`` of *targets*, or none of them: returns the
@@ -75,16 +61,25 @@ class Patches:
         anew at every access and calls its wrapper with the bound method, an argument tuple and a
         dict — ~3k instructions a call more than a plain function (a streamed decode through two
         pass-through hooks: 13k against 6.4k, callgrind)."""
+        return self._put(module, path, make)
+
+    def _put(self, module: str, path: str, make: Callable[[Any], Any]) -> bool:
+        """Put ``make(original)`` in place of ``module:path``, marked as llmtrace's; nothing if
+        the attribute is llmtrace's already. False if it is missing."""
         try:
             parent, attribute, original = wrapt.resolve_path(module, path)
         except (AttributeError, ImportError):
             warn_once(f"missing:{module}:{path}", "llmtrace: %s.%s not found; not tracing it", module, path)
             return False
+        # (Not ``isinstance(original, wrapt.ObjectProxy)``: with wrapt 2's C extension a
+        # FunctionWrapper is not an instance of the Python-level ObjectProxy.)
         if getattr(original, _OURS, False):
             return True
         replacement = make(original)
         setattr(replacement, _OURS, True)
-        self.set_attr(parent, attribute, replacement)
+        raw = vars(parent).get(attribute, _MISSING) if hasattr(parent, "__dict__") else _MISSING
+        setattr(parent, attribute, replacement)
+        self._saved.append((parent, attribute, raw))
         return True
 
     def set_attr(self, parent: Any, attribute: str, value: Any) -> None:
