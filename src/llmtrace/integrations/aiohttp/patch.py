@@ -64,34 +64,34 @@ _handler_spans: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _freeze_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _take_out_middleware(instance):
-        _handler_spans.add(instance)
+    _take_out_middleware(instance)
     return wrapped(*args, **kwargs)
 
 
 def _make_handler_wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     server = wrapped(*args, **kwargs)
-    if instance in _handler_spans:
-        _wrap_request_handler(server, instance)
+    _wrap_request_handler(server, instance)
     return server
 
 
-@guarded("aiohttp.request_handler", default=False)
-def _take_out_middleware(app: Any) -> bool:
-    """Whether llmtrace's middleware was taken out of *app*'s list, as it is being frozen: where it
-    is the only one, in a list not frozen yet (a sub-application's list is frozen when it is added,
-    and keeps it: inside the outer call it passes calls through)."""
+@guarded("aiohttp.request_handler")
+def _take_out_middleware(app: Any) -> None:
+    """As *app* is being frozen, take llmtrace's middleware out of its list where it is the only
+    one and the list is not frozen yet (a sub-application's list is frozen when it is added, and
+    keeps it: inside the outer call it passes calls through); *app*'s server will get it as its
+    request handler."""
     middlewares = getattr(app, "middlewares", None)
     if (getattr(app, "frozen", True) or middlewares is None or getattr(middlewares, "frozen", True)
             or len(middlewares) != 1 or middlewares[0] is not server_span_middleware):
-        return False
+        return
+    _handler_spans.add(app)  # first: an app that cannot be kept keeps its middleware
     middlewares.remove(server_span_middleware)
-    return True
 
 
 @guarded("aiohttp.request_handler")
 def _wrap_request_handler(server: Any, app: Any) -> None:
-    server.request_handler = functools.partial(server_span_middleware, handler=app._handle)
+    if app in _handler_spans:
+        server.request_handler = functools.partial(server_span_middleware, handler=app._handle)
 
 
 def _enable_otel() -> bool:
