@@ -28,11 +28,12 @@ def instructions_per_thread(argv: list[str]) -> dict[int, int]:
 
 
 def per_request(command: Callable[[str, int], list[str]], arms: Sequence[str], requests: int, base: int,
-                jobs: int = 1) -> dict[str, dict[str, float]]:
-    """Instructions per request of each of *arms*: the callgrind totals of ``command(arm, requests)``
-    and ``command(arm, base)``, differenced (start-up and warm-up cancel out) and divided by
-    ``requests - base``; the main (serving) thread alone and all threads. Each run is its own
-    process, so *jobs* runs may overlap without changing the counts."""
+                jobs: int = 1, unit: str = "request") -> dict[str, dict[str, float]]:
+    """Instructions per request (or per *unit*: a forward, a decode) of each of *arms*: the callgrind
+    totals of ``command(arm, requests)`` and ``command(arm, base)``, differenced (start-up and
+    warm-up cancel out) and divided by ``requests - base``; the main (serving) thread alone and
+    all threads. Each run is its own process, so *jobs* runs may overlap without changing the
+    counts."""
     if requests <= base:
         raise ValueError(f"requests ({requests}) must be more than base ({base})")
 
@@ -47,6 +48,6 @@ def per_request(command: Callable[[str, int], list[str]], arms: Sequence[str], r
         (thread_hi, all_hi), (thread_lo, all_lo) = runs[arm, requests].result(), runs[arm, base].result()
         result[arm] = {"thread_instructions": (thread_hi - thread_lo) / (requests - base),
                        "all_instructions": (all_hi - all_lo) / (requests - base)}
-        print(f"{arm:<14} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per request on the "
+        print(f"{arm:<14} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per {unit} on the "
               f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
     return result

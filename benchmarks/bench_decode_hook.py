@@ -68,7 +68,7 @@ def main() -> int:
     from _callgrind import per_request
 
     counted = per_request(lambda arm, count: [sys.executable, __file__, "--child", arm, "--decodes", str(count)],
-                          ARMS, args.decodes, args.base, args.jobs)
+                          ARMS, args.decodes, args.base, args.jobs, unit="decode")
     base = counted["untraced"]["thread_instructions"]
     for arm in ARMS:
         row = counted[arm]

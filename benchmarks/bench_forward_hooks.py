@@ -14,7 +14,7 @@ Each arm is a fresh process run twice, with *forwards* and *base* forwards of a 
 ``nn.Linear``; the difference of the two callgrind totals over the difference of the counts
 is the instructions per forward (start-up cancels). Needs valgrind.
 
-    python benchmarks/bench_forward_hooks.py [--forwards 2500] [--base 500]
+    python benchmarks/bench_forward_hooks.py [--forwards 2500] [--base 500] [--jobs 2]
 """
 
 from __future__ import annotations
@@ -60,21 +60,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--forwards", type=int, default=2500)
     parser.add_argument("--base", type=int, default=500)
+    parser.add_argument("--jobs", type=int, default=1, help="valgrind runs at a time (the counts do not depend on it)")
     parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.forwards)
         return 0
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _callgrind import instructions_per_thread
+    from _callgrind import per_request
 
-    def total(arm: str, forwards: int) -> int:
-        per_thread = instructions_per_thread([sys.executable, os.path.abspath(__file__), "--child", arm,
-                                              "--forwards", str(forwards)])
-        return per_thread[1]  # the main thread: the forwards' (the builder's work is elsewhere)
-
-    results = {arm: (total(arm, args.forwards) - total(arm, args.base)) / (args.forwards - args.base)
-               for arm in ARMS}
+    counted = per_request(lambda arm, count: [sys.executable, os.path.abspath(__file__), "--child", arm,
+                                              "--forwards", str(count)],
+                          ARMS, args.forwards, args.base, args.jobs, unit="forward")
+    # The main thread: the forwards' (the span builder's work is on its own thread).
+    results = {arm: row["thread_instructions"] for arm, row in counted.items()}
     for arm, per_forward in results.items():
         print(f"{arm:<11} {per_forward / 1000:7.1f}k instructions per forward "
               f"({per_forward - results['untraced']:+9.0f} vs untraced)")
