@@ -4,41 +4,64 @@ VM is not (its speed moved 2x between runs of the same arm on 2026-12-03)."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+#: The child's line on stdout once it is set up (see :func:`ready`).
+READY = "CALLGRIND-READY"
+#: Where :func:`ready` finds the file whose existence means "instrumentation is on".
+GO_ENV = "LLMTRACE_CALLGRIND_GO"
 
-def instructions_per_thread(argv: list[str]) -> dict[int, int]:
+
+def ready() -> None:
+    """In a child run with ``from_ready=True``: say that set-up is done, then wait until callgrind
+    counts. Set-up that costs minutes under full instrumentation (importing torch and vLLM) runs
+    uninstrumented, at a few times native speed. Does nothing when not run that way."""
+    go = os.environ.get(GO_ENV)
+    if not go:
+        return
+    print(READY, flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)  # counted: a few dozen polls, the same in every run, cancelled by differencing
+
+
+def instructions_per_thread(argv: list[str], from_ready: bool = False) -> dict[int, int]:
     """Run *argv* under callgrind (one output file per thread) and return each thread's total
-    instructions by thread number; 1 is the main thread."""
+    instructions by thread number; 1 is the main thread. With *from_ready*, callgrind counts only
+    from the moment the child calls :func:`ready` (turned on by ``callgrind_control``)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt install valgrind)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "cg.out")
-        subprocess.run(["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}",
-                        *argv], capture_output=True, text=True, check=True)
+        command = ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}"]
+        if not from_ready:
+            subprocess.run([*command, *argv], capture_output=True, text=True, check=True)
+        else:
+            _run_from_ready([*command, "--instr-atstart=no", *argv], Path(tmp, "go"))
         return {int(path.name.rsplit("-", 1)[1]): int(re.findall(r"^summary: (\d+)", path.read_text(),
                                                                  re.MULTILINE)[-1])
                 for path in Path(tmp).glob("cg.out-*")}
 
 
 def per_request(command: Callable[[str, int], list[str]], arms: Sequence[str], requests: int, base: int,
-                jobs: int = 1, unit: str = "request") -> dict[str, dict[str, float]]:
+                jobs: int = 1, unit: str = "request", from_ready: bool = False) -> dict[str, dict[str, float]]:
     """Instructions per request (or per *unit*: a forward, a decode) of each of *arms*: the callgrind
     totals of ``command(arm, requests)`` and ``command(arm, base)``, differenced (start-up and
     warm-up cancel out) and divided by ``requests - base``; the main (serving) thread alone and
     all threads. Each run is its own process, so *jobs* runs may overlap without changing the
-    counts."""
+    counts. *from_ready*: see :func:`instructions_per_thread`."""
     if requests <= base:
         raise ValueError(f"requests ({requests}) must be more than base ({base})")
 
     def totals(arm: str, count: int) -> tuple[int, int]:
-        per_thread = instructions_per_thread(command(arm, count))
+        per_thread = instructions_per_thread(command(arm, count), from_ready)
         return per_thread[1], sum(per_thread.values())
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -51,3 +74,22 @@ def per_request(command: Callable[[str, int], list[str]], arms: Sequence[str], r
         print(f"{arm:<14} {result[arm]['thread_instructions'] / 1000:8.1f}k instructions per {unit} on the "
               f"serving thread, {result[arm]['all_instructions'] / 1000:8.1f}k in all threads", file=sys.stderr)
     return result
+
+
+def _run_from_ready(command: list[str], go: Path) -> None:
+    log = go.with_name("stderr.log")  # a file, not a pipe: a chatty child cannot fill it and stall
+    with log.open("w") as errors, subprocess.Popen(command, env={**os.environ, GO_ENV: str(go)},
+                                                   stdout=subprocess.PIPE, stderr=errors, text=True) as child:
+        assert child.stdout is not None
+        for line in child.stdout:
+            if line.strip() == READY:
+                break
+        else:
+            child.wait()
+            raise SystemExit(f"{command[-1]}: exited before it was ready:\n{log.read_text()[-3000:]}")
+        # valgrind runs in the child's own process: its pid is the one callgrind_control addresses.
+        subprocess.run(["callgrind_control", "--instr=on", str(child.pid)], capture_output=True, check=True)
+        go.touch()
+        child.stdout.read()
+    if child.returncode != 0:
+        raise SystemExit(f"{' '.join(command[-4:])}: exit {child.returncode}:\n{log.read_text()[-3000:]}")

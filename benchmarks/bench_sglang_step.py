@@ -2,8 +2,9 @@
 
 One decode step as SGLang's scheduler runs it — ``get_next_batch_to_run``, ``run_batch``,
 ``process_batch_result`` with the output streamer inside it — through the adapter's real
-wrappers (llmtrace/integrations/sglang/_engine.py) and, as the baseline, through the same
-calls unwrapped. The SGLang side is stand-ins with the attributes the wrappers read (a
+hooks (llmtrace/integrations/sglang/_engine.py) put in the classes as ``instrument()`` puts
+them and, as the baseline, the same methods unhooked. The SGLang side is stand-ins with the
+attributes the hooks read (a
 ``Req``'s ``rid``, ``output_ids`` array, ``finished()``, ``time_stats``; a batch's
 ``forward_mode``, ``reqs``; the scheduler's queue, KV allocator and radix cache): what is
 measured is llmtrace's work on the scheduler thread, not SGLang's. No SGLang import, so it
@@ -95,65 +96,79 @@ class TreeCache:
         return 1000
 
 
+class Streamer:
+    """``SchedulerOutputStreamer``: sends a step's outputs (here: nothing)."""
+
+    def stream_output(self, reqs: list[Req]) -> None:
+        return None
+
+
 class Scheduler:
-    def __init__(self, batch: Batch) -> None:
+    """The four ``Scheduler`` methods of a decode step, doing the least SGLang's would."""
+
+    def __init__(self, batch: Batch, streamer: Streamer) -> None:
         self.plan = Plan(batch)
+        self.streamer = streamer
         self.waiting_queue: list[Req] = []
         self.token_to_kv_pool_allocator = Allocator()
         self.tree_cache = TreeCache()
         self.tp_size = 1
+
+    def get_next_batch_to_run(self) -> Plan:
+        return self.plan
+
+    def run_batch(self, batch: Batch) -> Result:
+        return Result()
+
+    def process_batch_result(self, batch: Batch, result: Result) -> None:
+        for req in batch.reqs:
+            req.output_ids.append(7)  # SGLang appends the step's token
+        self.streamer.stream_output(batch.reqs)
+
+    def handle_generate_request(self, recv_req: RecvReq) -> None:
+        return None
 
 
 class Result:
     __slots__ = ()
 
 
-def _calls(traced: bool, scheduler: Scheduler) -> tuple[Any, Any, Any, Any]:
-    """The four SGLang calls of a decode step, wrapped by the adapter when *traced*."""
-
-    def get_next_batch_to_run(*args: Any, **kwargs: Any) -> Plan:
-        return scheduler.plan
-
-    def run_batch(batch: Batch) -> Result:
-        return Result()
-
-    def stream_output(reqs: list[Req]) -> None:
-        return None
-
-    def process_batch_result(batch: Batch, result: Result) -> None:
-        for req in batch.reqs:
-            req.output_ids.append(7)  # SGLang appends the step's token
-        stream(batch.reqs)
-
+def _classes(traced: bool) -> tuple[type[Scheduler], type[Streamer]]:
+    """The scheduler and streamer classes, their methods hooked by the adapter when *traced* (as
+    ``instrument()`` hooks SGLang's: the adapter's hook in the class in place of the method)."""
     if not traced:
-        stream = stream_output
-        return get_next_batch_to_run, run_batch, process_batch_result, None
+        return Scheduler, Streamer
     from llmtrace.integrations.sglang import _engine
 
-    def bind(factory: Any, positions: dict[str, int], function: Any, instance: Any) -> Any:
-        wrapper = factory(positions)
-        return lambda *args: wrapper(function, instance, args, {})
+    class HookedScheduler(Scheduler):
+        pass
 
-    stream = bind(_engine.stream_output_wrapper, {"reqs": 0}, stream_output, None)
-    return (bind(_engine.get_next_batch_wrapper, {}, get_next_batch_to_run, scheduler),
-            bind(_engine.run_batch_wrapper, {"batch": 0}, run_batch, scheduler),
-            bind(_engine.process_result_wrapper, {"batch": 0, "result": 1}, process_batch_result, scheduler),
-            bind(_engine.handle_generate_wrapper, {"recv_req": 0}, lambda recv: None, scheduler))
+    class HookedStreamer(Streamer):
+        pass
+
+    hooks: tuple[tuple[type, str, Any, dict[str, int]], ...] = (
+        (HookedScheduler, "get_next_batch_to_run", _engine.get_next_batch_hook, {}),
+        (HookedScheduler, "run_batch", _engine.run_batch_hook, {"batch": 0}),
+        (HookedScheduler, "process_batch_result", _engine.process_result_hook, {"batch": 0, "result": 1}),
+        (HookedScheduler, "handle_generate_request", _engine.handle_generate_hook, {"recv_req": 0}),
+        (HookedStreamer, "stream_output", _engine.stream_output_hook, {"reqs": 0}))
+    for cls, name, make, positions in hooks:
+        setattr(cls, name, make(vars(cls.__mro__[1])[name], positions))
+    return HookedScheduler, HookedStreamer
 
 
 def run(steps: int, batch_size: int, traced: bool) -> float:
     """Thread CPU µs per step of *steps* decode steps at *batch_size*."""
     reqs = [Req(f"r{i}") for i in range(batch_size)]
-    scheduler = Scheduler(Batch(reqs))
-    get_next, run_batch, process, add = _calls(traced, scheduler)
-    if add is not None:
-        for req in reqs:
-            add(RecvReq(req.rid))
+    scheduler_class, streamer_class = _classes(traced)
+    scheduler = scheduler_class(Batch(reqs), streamer_class())
+    for req in reqs:
+        scheduler.handle_generate_request(RecvReq(req.rid))
     start = time.thread_time()
     for _ in range(steps):
-        plan = get_next()
-        result = run_batch(plan.batch_to_run)
-        process(plan.batch_to_run, result)
+        plan = scheduler.get_next_batch_to_run()
+        result = scheduler.run_batch(plan.batch_to_run)
+        scheduler.process_batch_result(plan.batch_to_run, result)
     return (time.thread_time() - start) / steps * 1e6
 
 

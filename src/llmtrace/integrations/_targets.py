@@ -1,15 +1,21 @@
 """What the engine adapters (vLLM, SGLang) share: the all-or-nothing target check and the
 instrumentor built on it, argument binding by name, and number coercion for engine values.
 
-An engine adapter wraps a dozen methods spread over several modules and processes.
+An engine adapter hooks a dozen methods spread over several modules and processes.
 Before it patches anything, every target is imported and checked: the method is
-there and its signature names each parameter the wrapper reads. Any difference, or an
+there and its signature names each parameter the hook reads. Any difference, or an
 engine version outside the declared range, keeps the whole adapter off: patching half
 a pipeline would produce request traces that look complete and are not.
+
+A hook is a plain function put in the class in place of the method (``Patches.replace``),
+not a wrapt proxy: several run every engine step (schedule, forward dispatch, outputs), and
+a proxy on a class attribute is bound anew at each access and calls its wrapper with the
+bound method, an argument tuple and a dict.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -22,13 +28,17 @@ import wrapt
 from llmtrace._safety import warn_once
 from llmtrace.integrations._base import Instrumentor
 
-Wrapper = Callable[[Any, Any, tuple[Any, ...], dict[str, Any]], Any]
+#: What takes a target's place: called as the method itself, ``hook(self, *args, **kwargs)``,
+#: and calls ``original(self, *args, **kwargs)``.
+Hook = Callable[..., Any]
+#: Makes a target's hook from the original method and its parameters' positions (``Checked.positions``).
+HookMaker = Callable[[Callable[..., Any], dict[str, int]], Hook]
 Getter = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
 @dataclass(frozen=True)
 class Target:
-    """One wrapped method: where it lives, and the parameters the wrapper binds by name."""
+    """One hooked method: where it lives, and the parameters the hook binds by name."""
 
     module: str
     path: str
@@ -152,8 +162,8 @@ class EngineInstrumentor(Instrumentor):
             return [f"version {version} is outside the supported range {self.supported}"]
         return check_targets(self.targets)[1]
 
-    def wrapper_for(self, checked: Checked) -> Wrapper | None:
-        """The wrapper of a checked target; None for a target that is checked but not wrapped."""
+    def hook_for(self, checked: Checked) -> HookMaker | None:
+        """The hook maker of a checked target; None for a target that is checked but not hooked."""
         raise NotImplementedError
 
     def _patch(self) -> None:
@@ -161,6 +171,17 @@ class EngineInstrumentor(Instrumentor):
         if problems:  # changed between preflight and now (a concurrent import): stay off
             raise RuntimeError("; ".join(problems))
         for item in checked:
-            wrapper = self.wrapper_for(item)
-            if wrapper is not None and not self.patches.wrap(item.target.module, item.target.path, wrapper):
-                raise RuntimeError(f"could not wrap {item.target.module}.{item.target.path}")
+            make = self.hook_for(item)
+            if make is not None and not self.patches.replace(item.target.module, item.target.path,
+                                                             _method_like(make, item.positions)):
+                raise RuntimeError(f"could not hook {item.target.module}.{item.target.path}")
+
+
+def _method_like(make: HookMaker, positions: dict[str, int]) -> Callable[[Callable[..., Any]], Hook]:
+    """The hook, carrying the original's name, docstring and ``__wrapped__`` (so ``inspect.signature``
+    still reads the engine's parameters, and the target check passes on a patched class)."""
+
+    def build(original: Callable[..., Any]) -> Hook:
+        return functools.update_wrapper(make(original, positions), original)
+
+    return build

@@ -38,7 +38,7 @@ Supported versions
 ------------------
 sglang ``>=0.5.23,<0.6`` (written and tested against 0.5.23). When the hook fires,
 every target in :mod:`._constants` is imported and checked (method present, the
-parameters the wrappers read by name present); any difference, or a version
+parameters the hooks read by name present); any difference, or a version
 outside the range, logs one warning naming it and the adapter stays off — it
 never patches half the pipeline, and SGLang runs exactly as without llmtrace.
 

@@ -11,12 +11,13 @@ requests; a client disconnect (``abort_request``) or an engine-side abort ends t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import tokenizer_call
-from llmtrace.integrations._targets import Wrapper, binder
+from llmtrace.integrations._targets import Hook, binder
 from llmtrace.integrations.sglang import _constants as C
 from llmtrace.integrations.sglang import extractors as X
 from llmtrace.lifecycle.clock import monotonic_ns
@@ -80,21 +81,21 @@ def _close(handles: list[RequestHandle] | None, error: BaseException) -> None:
         handle.aborted(error if isinstance(error, Exception) else None)
 
 
-def init_req_state_wrapper(positions: dict[str, int]) -> Wrapper:
+def init_req_state_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_obj = binder(positions, "obj")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        handles = _open_requests(instance, get_obj(args, kwargs), monotonic_ns())
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        handles = _open_requests(self, get_obj(args, kwargs), monotonic_ns())
         try:
-            result = wrapped(*args, **kwargs)
+            result = original(self, *args, **kwargs)
         except BaseException as exc:
             _close(handles, exc)
             raise
         if handles:
-            _attach_carriers(instance, handles)
+            _attach_carriers(self, handles)
         return result
 
-    return wrapper
+    return hook
 
 
 def _rid(obj: Any) -> str:
@@ -117,26 +118,23 @@ def _rejected(obj: Any, error: BaseException) -> None:
         handle.aborted(error if isinstance(error, Exception) else None)
 
 
-def tokenize_wrapper(positions: dict[str, int]) -> Wrapper:
+def tokenize_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_obj = binder(positions, "obj")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        async def run() -> Any:
-            start = monotonic_ns()
-            try:
-                with tokenizer_call():  # the tokenizer integrations stay out: this is the request's llm.tokenize
-                    tokenized = await wrapped(*args, **kwargs)
-            except BaseException as exc:
-                # SGLang rejected it before the scheduler saw it (a prompt over the context length):
-                # SGLang drops the request's state, llmtrace ends its record with the error.
-                _rejected(get_obj(args, kwargs), exc)
-                raise
-            _tokenized(get_obj(args, kwargs), tokenized, start, monotonic_ns())
-            return tokenized
+    async def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = monotonic_ns()
+        try:
+            with tokenizer_call():  # the tokenizer integrations stay out: this is the request's llm.tokenize
+                tokenized = await original(self, *args, **kwargs)
+        except BaseException as exc:
+            # SGLang rejected it before the scheduler saw it (a prompt over the context length):
+            # SGLang drops the request's state, llmtrace ends its record with the error.
+            _rejected(get_obj(args, kwargs), exc)
+            raise
+        _tokenized(get_obj(args, kwargs), tokenized, start, monotonic_ns())
+        return tokenized
 
-        return run()
-
-    return wrapper
+    return hook
 
 
 @guarded("sglang.api.outputs")
@@ -175,19 +173,16 @@ def _cache_attributes(handle: RequestHandle, cached: int) -> None:
     handle.span.set_attributes(attributes)
 
 
-def batch_output_wrapper(positions: dict[str, int]) -> Wrapper:
+def batch_output_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_recv = binder(positions, "recv_obj")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        async def run() -> Any:
-            now = monotonic_ns()
-            result = await wrapped(*args, **kwargs)  # unpickles recv_obj.time_stats in place
-            _outputs(get_recv(args, kwargs), now)
-            return result
+    async def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        now = monotonic_ns()
+        result = await original(self, *args, **kwargs)  # unpickles recv_obj.time_stats in place
+        _outputs(get_recv(args, kwargs), now)
+        return result
 
-        return run()
-
-    return wrapper
+    return hook
 
 
 @guarded("sglang.api.abort")
@@ -203,25 +198,25 @@ def _aborted(request_id: Any, abort_all: Any) -> None:
         handle.aborted(reason=semconv.FINISH_ABORT)
 
 
-def abort_request_wrapper(positions: dict[str, int]) -> Wrapper:
+def abort_request_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_rid = binder(positions, "rid")
     get_all = binder(positions, "abort_all")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = wrapped(*args, **kwargs)
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
         _aborted(get_rid(args, kwargs), get_all(args, kwargs))
         return result
 
-    return wrapper
+    return hook
 
 
-def handle_abort_wrapper(positions: dict[str, int]) -> Wrapper:
+def handle_abort_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_recv = binder(positions, "recv_obj")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         recv = get_recv(args, kwargs)
-        result = wrapped(*args, **kwargs)
+        result = original(self, *args, **kwargs)
         _aborted(getattr(recv, "rid", None), getattr(recv, "abort_all", False))
         return result
 
-    return wrapper
+    return hook

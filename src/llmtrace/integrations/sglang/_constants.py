@@ -1,4 +1,4 @@
-"""Targets of the SGLang adapter: every method it wraps, and the parameters it reads by name.
+"""Targets of the SGLang adapter: every method it hooks, and the parameters it reads by name.
 
 A target whose module, attribute or named parameters differ in the installed SGLang
 turns the whole adapter off (one warning naming it): patching half a pipeline would
@@ -22,7 +22,7 @@ SUPPORTED_MAX_EXCLUSIVE: Final = (0, 6)
 PLUGIN_ENV: Final = "LLMTRACE_SGLANG"
 
 #: Attribute llmtrace sets on SGLang's per-request time-stats objects, and the key under which
-#: their (wrapped) ``__getstate__`` carries it across SGLang's ZMQ hops: tokenizer manager ->
+#: their (hooked) ``__getstate__`` carries it across SGLang's ZMQ hops: tokenizer manager ->
 #: scheduler (the W3C carrier), scheduler -> detokenizer -> tokenizer manager (the engine's
 #: durations and the detokenizer's time). SGLang's ``__setstate__`` restores it as the same
 #: attribute; its own tracing state travels beside it, untouched.

@@ -7,30 +7,31 @@ detokenizer never converts clocks: durations only); the HTTP server adds them up
 ``llm.detokenize.total_s``.
 
 SGLang pickles a request's time stats with its own ``__getstate__`` (a fixed set of
-keys); the wrapped ``__getstate__`` adds what llmtrace carries under one more key, and
+keys); the hooked ``__getstate__`` adds what llmtrace carries under one more key, and
 SGLang's ``__setstate__`` restores every key as an attribute on the other side.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from llmtrace._safety import guarded
-from llmtrace.integrations._targets import Wrapper, binder
+from llmtrace.integrations._targets import Hook, binder
 from llmtrace.integrations.sglang import _constants as C
 from llmtrace.integrations.sglang import extractors as X
 from llmtrace.lifecycle.clock import monotonic_ns
 
 
-def getstate_wrapper(positions: dict[str, int]) -> Wrapper:
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        state = wrapped(*args, **kwargs)
-        carried = instance.__dict__.get(C.CARRY_ATTR)
+def getstate_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = original(self, *args, **kwargs)
+        carried = self.__dict__.get(C.CARRY_ATTR)
         if carried is not None and isinstance(state, dict):
             state = {**state, C.CARRY_ATTR: carried}
         return state
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.detokenize")
@@ -50,15 +51,15 @@ def _detokenized(output: Any, duration_ns: int) -> None:
     output.time_stats = wrap_as_pickle(items)
 
 
-def detokenize_wrapper(positions: dict[str, int]) -> Wrapper:
+def detokenize_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_recv = binder(positions, "recv_obj")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
-        output = wrapped(*args, **kwargs)
+        output = original(self, *args, **kwargs)
         duration = monotonic_ns() - start
         if get_recv(args, kwargs) is not None:
             _detokenized(output, duration)
         return output
 
-    return wrapper
+    return hook

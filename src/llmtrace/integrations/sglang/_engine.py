@@ -17,11 +17,12 @@ batch one token in one pass after the step.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
-from llmtrace.integrations._targets import Wrapper, binder, number
+from llmtrace.integrations._targets import Hook, binder, number
 from llmtrace.integrations.sglang import _constants as C
 from llmtrace.integrations.sglang import extractors as X
 from llmtrace.lifecycle.clock import monotonic_ns
@@ -128,21 +129,21 @@ def _engine_add(scheduler: Any, recv_req: Any, arrival_ns: int) -> None:
         stream=params.stream, attributes={semconv.GEN_AI_SYSTEM: "sglang"})
 
 
-def handle_generate_wrapper(positions: dict[str, int]) -> Wrapper:
+def handle_generate_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_request = binder(positions, "recv_req")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Opened before SGLang handles it: a request SGLang rejects at once (too long, queue full)
         # is ended inside the call, through the output streamer or ``send_abort_output``.
         recv_req = get_request(args, kwargs)
-        _engine_add(instance, recv_req, monotonic_ns())
+        _engine_add(self, recv_req, monotonic_ns())
         try:
-            return wrapped(*args, **kwargs)
+            return original(self, *args, **kwargs)
         except BaseException:
             _ended_early(recv_req)
             raise
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.engine.outputs")
@@ -193,14 +194,14 @@ def _finished(state: _EngineState, handle: RequestHandle, req: Any, now: int) ->
     X.carry(req.time_stats, summary=summary)
 
 
-def stream_output_wrapper(positions: dict[str, int]) -> Wrapper:
+def stream_output_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_reqs = binder(positions, "reqs")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         _outputs(get_reqs(args, kwargs))
-        return wrapped(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.engine.abort")
@@ -212,14 +213,14 @@ def _ended_early(req: Any) -> None:
             state.tracker.aborted(req.rid, reason=semconv.FINISH_ABORT)
 
 
-def send_abort_wrapper(positions: dict[str, int]) -> Wrapper:
+def send_abort_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_req = binder(positions, "req")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         _ended_early(get_req(args, kwargs))
-        return wrapped(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.engine.retract")
@@ -236,13 +237,13 @@ def _retracted(result: Any) -> None:
     state.preempted += len(retracted)
 
 
-def retract_wrapper(positions: dict[str, int]) -> Wrapper:
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = wrapped(*args, **kwargs)
+def retract_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
         _retracted(result)
         return result
 
-    return wrapper
+    return hook
 
 
 # --------------------------------------------------------------------------- steps
@@ -291,14 +292,14 @@ def _new_cache_hits(state: _EngineState, batch: Any) -> int:
     return hits
 
 
-def get_next_batch_wrapper(positions: dict[str, int]) -> Wrapper:
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def get_next_batch_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
-        plan = wrapped(*args, **kwargs)
-        _scheduled(instance, plan, start, monotonic_ns())
+        plan = original(self, *args, **kwargs)
+        _scheduled(self, plan, start, monotonic_ns())
         return plan
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.engine.forward")
@@ -315,17 +316,17 @@ def _forward_done(pending: _Pending, result: Any) -> None:
     _remember(result, pending)
 
 
-def run_batch_wrapper(positions: dict[str, int]) -> Wrapper:
+def run_batch_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_batch = binder(positions, "batch")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         pending = _forward_started(get_batch(args, kwargs))
-        result = wrapped(*args, **kwargs)
+        result = original(self, *args, **kwargs)
         if pending is not None:
             _forward_done(pending, result)
         return result
 
-    return wrapper
+    return hook
 
 
 @guarded("sglang.engine.processed")
@@ -337,17 +338,17 @@ def _processed(pending: _Pending, start_ns: int, end_ns: int) -> None:
     pending.state.tracer.end_step(step)
 
 
-def process_result_wrapper(positions: dict[str, int]) -> Wrapper:
+def process_result_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_result = binder(positions, "result")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         pending = _take(get_result(args, kwargs))
         start = monotonic_ns()
         decoding = pending is not None and pending.decoding
         if decoding:
             _DECODING.append(True)
         try:
-            result = wrapped(*args, **kwargs)
+            result = original(self, *args, **kwargs)
         finally:
             if decoding:
                 _DECODING.pop()
@@ -355,4 +356,4 @@ def process_result_wrapper(positions: dict[str, int]) -> Wrapper:
             _processed(pending, start, monotonic_ns())
         return result
 
-    return wrapper
+    return hook

@@ -34,7 +34,7 @@ Supported versions
 ------------------
 vllm ``>=0.30,<0.34`` (written and tested against 0.33.0). When the hook fires,
 every target in :mod:`._constants` is imported and checked (method present, the
-parameters the wrappers read by name present); any difference, or a version
+parameters the hooks read by name present); any difference, or a version
 outside the range, logs one warning naming it and the adapter stays off — it
 never patches half the pipeline, and vLLM runs exactly as without llmtrace.
 

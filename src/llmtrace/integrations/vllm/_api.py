@@ -9,6 +9,8 @@ the outputs' ``trace_headers`` and ends requests; aborts and engine errors end t
 from __future__ import annotations
 
 import contextlib
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry import trace
@@ -17,7 +19,7 @@ from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
-from llmtrace.integrations.vllm._binding import Wrapper, binder
+from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
 from llmtrace.lifecycle.request import RequestHandle, start_request
 
@@ -90,28 +92,25 @@ def _note_render(renderer: Any, start_ns: int, end_ns: int, result: Any) -> None
         API.model = X.model_name(getattr(renderer, "config", None))
 
 
-def render_wrapper(is_async: bool) -> Wrapper:
-    if is_async:
-        def wrapper_async(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            async def run() -> Any:
-                start = monotonic_ns()
-                with _tokenizer_scope():
-                    result = await wrapped(*args, **kwargs)
-                _note_render(instance, start, monotonic_ns(), result)
-                return result
+def render_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    if inspect.iscoroutinefunction(original):
+        async def hook_async(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = monotonic_ns()
+            with _tokenizer_scope():
+                result = await original(self, *args, **kwargs)
+            _note_render(self, start, monotonic_ns(), result)
+            return result
 
-            return run()
+        return hook_async
 
-        return wrapper_async
-
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
         with _tokenizer_scope():
-            result = wrapped(*args, **kwargs)
-        _note_render(instance, start, monotonic_ns(), result)
+            result = original(self, *args, **kwargs)
+        _note_render(self, start, monotonic_ns(), result)
         return result
 
-    return wrapper
+    return hook
 
 
 def _arrival_ns(request: Any, now: int, render: tuple[int, int] | None) -> int:
@@ -158,19 +157,19 @@ def _open_api_request(request: Any) -> RequestHandle | None:
     return handle
 
 
-def add_request_wrapper(positions: dict[str, int]) -> Wrapper:
+def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_request = binder(positions, "request")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         handle = _open_api_request(get_request(args, kwargs))
         try:
-            return wrapped(*args, **kwargs)
+            return original(self, *args, **kwargs)
         except BaseException as exc:
             if handle is not None:
                 _close_api(handle, exc)
             raise
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.api.close")
@@ -219,19 +218,19 @@ def _api_after(processor: Any, outputs: Any, events: list[X.OutputEvent] | None,
             handle.finished(reason)
 
 
-def process_outputs_wrapper(positions: dict[str, int]) -> Wrapper:
+def process_outputs_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_outputs = binder(positions, "engine_core_outputs")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         outputs = get_outputs(args, kwargs)
         start = monotonic_ns()
         events = _api_tokens(outputs, start)
         with _tokenizer_scope():
-            result = wrapped(*args, **kwargs)
-        _api_after(instance, outputs or (), events, monotonic_ns() - start)
+            result = original(self, *args, **kwargs)
+        _api_after(self, outputs or (), events, monotonic_ns() - start)
         return result
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.api.abort")
@@ -242,13 +241,13 @@ def _api_aborted(request_ids: Any) -> None:
             handle.aborted(reason=semconv.FINISH_ABORT)
 
 
-def abort_requests_wrapper(positions: dict[str, int]) -> Wrapper:
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = wrapped(*args, **kwargs)
+def abort_requests_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
         _api_aborted(result)  # the internal ids vLLM actually aborted
         return result
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.api.error")
@@ -259,11 +258,11 @@ def _api_errored(error: Any) -> None:
         handle.aborted(error if isinstance(error, Exception) else None)
 
 
-def propagate_error_wrapper(positions: dict[str, int]) -> Wrapper:
+def propagate_error_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_error = binder(positions, "e")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         _api_errored(get_error(args, kwargs))
-        return wrapped(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    return wrapper
+    return hook

@@ -1,7 +1,7 @@
-"""Reading wrapped arguments by name, resolved once per target (see :mod:`llmtrace.integrations._targets`)."""
+"""Reading a hooked method's arguments by name, resolved once per target (see :mod:`llmtrace.integrations._targets`)."""
 
 from __future__ import annotations
 
-from llmtrace.integrations._targets import Getter, Wrapper, binder
+from llmtrace.integrations._targets import Getter, Hook, binder
 
-__all__ = ["Getter", "Wrapper", "binder"]
+__all__ = ["Getter", "Hook", "binder"]

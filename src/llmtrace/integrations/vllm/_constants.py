@@ -1,4 +1,4 @@
-"""Targets of the vLLM adapter: every method it wraps, and the parameters it reads by name.
+"""Targets of the vLLM adapter: every method it hooks, and the parameters it reads by name.
 
 A target whose module, attribute or named parameters differ in the installed
 vLLM turns the whole adapter off (one warning naming it): patching half a
@@ -70,6 +70,6 @@ TARGETS: Final = (
     Target(MULTIPROC_MODULE, "MultiprocExecutor.execute_model", ("scheduler_output",), "engine"),
 )
 
-#: Targets that are checked but called, not wrapped (the wrappers read through them).
+#: Targets that are checked but called, not hooked (the hooks read through them).
 CHECK_ONLY: Final = frozenset({"Scheduler.get_request_counts", "Scheduler.get_kv_cache_usage",
                                "Scheduler.has_requests"})

@@ -10,13 +10,14 @@ engine's durations back on the outputs' ``trace_headers``.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
-from llmtrace.integrations.vllm._binding import Wrapper, binder
+from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns
 from llmtrace.lifecycle.engine import EngineTracer, StepRecord
 from llmtrace.lifecycle.request import RequestHandle
@@ -84,15 +85,15 @@ def _engine_add(scheduler: Any, request: Any) -> None:
         top_p=params.top_p, attributes={semconv.GEN_AI_SYSTEM: "vllm"})
 
 
-def add_request_wrapper(positions: dict[str, int]) -> Wrapper:
+def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_request = binder(positions, "request")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = wrapped(*args, **kwargs)
-        _engine_add(instance, get_request(args, kwargs))
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _engine_add(self, get_request(args, kwargs))
         return result
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.engine.begin")
@@ -119,15 +120,15 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
 
 
-def schedule_wrapper(positions: dict[str, int]) -> Wrapper:
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        step = _begin(instance)
-        output = wrapped(*args, **kwargs)
+def schedule_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        step = _begin(self)
+        output = original(self, *args, **kwargs)
         if step is not None:
-            _engine_scheduled(instance, step, output, monotonic_ns())
+            _engine_scheduled(self, step, output, monotonic_ns())
         return output
 
-    return wrapper
+    return hook
 
 
 def _take_pending(output: Any) -> _Pending | None:
@@ -135,16 +136,16 @@ def _take_pending(output: Any) -> _Pending | None:
     return pending if pending is not None and pending.output is output else None
 
 
-def execute_model_wrapper(positions: dict[str, int]) -> Wrapper:
+def execute_model_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_output = binder(positions, "scheduler_output")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         pending = _PENDING.get(id(get_output(args, kwargs)))
         if pending is not None and pending.forward_start_ns is None:
             pending.forward_start_ns = monotonic_ns()
-        return wrapped(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.engine.updated")
@@ -206,17 +207,17 @@ def _engine_finished_output(state: _EngineState, output: Any) -> None:
     output.trace_headers = X.with_summary(output.trace_headers, summary)
 
 
-def update_from_output_wrapper(positions: dict[str, int]) -> Wrapper:
+def update_from_output_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_output = binder(positions, "scheduler_output")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
         pending = _take_pending(get_output(args, kwargs))
-        result = wrapped(*args, **kwargs)
-        _engine_updated(instance, pending, result, start, monotonic_ns())
+        result = original(self, *args, **kwargs)
+        _engine_updated(self, pending, result, start, monotonic_ns())
         return result
 
-    return wrapper
+    return hook
 
 
 @guarded("vllm.engine.finished")
@@ -229,12 +230,12 @@ def _engine_finished(scheduler: Any, requests: Any, status: Any) -> None:
             state.tracker.aborted(request_id, reason=reason)
 
 
-def finish_requests_wrapper(positions: dict[str, int]) -> Wrapper:
+def finish_requests_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     get_status = binder(positions, "finished_status")
 
-    def wrapper(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        result = wrapped(*args, **kwargs)
-        _engine_finished(instance, result, get_status(args, kwargs))
+    def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        _engine_finished(self, result, get_status(args, kwargs))
         return result
 
-    return wrapper
+    return hook

@@ -1,0 +1,140 @@
+"""EngineCore-thread cost of the vLLM adapter per engine step, through vLLM's real Scheduler.
+
+vLLM's own ``Scheduler`` and KV-cache manager (a real ``VllmConfig`` for a tiny Llama on the
+CPU platform) fed real ``Request`` objects; each step is ``schedule()``, then
+``update_from_output()`` with a ``ModelRunnerOutput`` of one token per scheduled request — what
+``EngineCore.step`` does around the model runner. No model runs: what is measured is the
+scheduler's Python and llmtrace's hooks on it, on the thread that runs them. Requests of 20
+prompt tokens and 16 output tokens, 8 running; each finished request is replaced by a new one,
+so opening and finishing requests is in the per-step number at a 16-token stream's rate.
+
+Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
+(``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
+sampled). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
+main thread's count is the engine loop's; all threads' adds the builder's.
+
+    python benchmarks/bench_vllm_step.py                      # callgrind, instructions per step (~5 min)
+    python benchmarks/bench_vllm_step.py --steps 2000 --base 400 --jobs 2
+
+Set-up (importing torch and vLLM) runs before callgrind starts counting (``_callgrind.ready``);
+each arm's count at ``--steps`` minus its count at ``--base`` is divided by the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ARMS = ("untraced", "production", "full")
+ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
+           "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"}}
+RUNNING, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 20, 16
+
+
+def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.update(ARM_ENV.get(arm, {}))
+    if arm != "untraced":
+        import llmtrace
+
+        llmtrace.instrument(exporter="none", gpu="off", metrics=False)
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    hooked = getattr(vars(Scheduler)["schedule"], "_self_llmtrace", False)
+    if hooked != (arm != "untraced"):
+        raise SystemExit(f"{arm}: Scheduler.schedule {'is' if hooked else 'is not'} hooked")
+    config = EngineArgs(model=model, load_format="dummy", max_model_len=128, max_num_seqs=RUNNING,
+                        max_num_batched_tokens=256, enforce_eager=True).create_engine_config()
+    config.cache_config.num_gpu_blocks = 256
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=16, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0", "l1"], spec)])
+    scheduler = Scheduler(vllm_config=config, kv_cache_config=kv,
+                          structured_output_manager=StructuredOutputManager(config), block_size=16)
+    params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
+    added = 0
+
+    def top_up() -> None:
+        nonlocal added
+        while scheduler.get_num_unfinished_requests() < RUNNING:
+            # A distinct prompt per request: no prefix-cache hits, every request prefills.
+            prompt = [3 + (added + i) % 250 for i in range(PROMPT_TOKENS)]
+            scheduler.add_request(Request(f"r{added}", prompt, params, None))
+            added += 1
+
+    def step() -> None:
+        output = scheduler.schedule()
+        ids = list(output.num_scheduled_tokens)
+        runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                   sampled_token_ids=[[5] for _ in ids])
+        scheduler.update_from_output(output, runner)
+        top_up()
+
+    top_up()
+    for _ in range(200):  # warm: every code path has run, the first windows are closed
+        step()
+    from _callgrind import ready
+
+    if no_gc:
+        gc.disable()
+    ready()
+    for _ in range(steps):
+        step()
+    os._exit(0)  # skip the interpreter's teardown: its instructions would not cancel out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1200, help="engine steps in the long runs (default 1200)")
+    parser.add_argument("--base", type=int, default=200, help="engine steps in the short runs (default 200)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once (default 2)")
+    parser.add_argument("--no-gc", action="store_true",
+                        help="garbage collection off in the counted steps: exact, but leaves out what "
+                             "llmtrace's allocations add to collections")
+    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.steps, args.model, args.no_gc)
+        return 0
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown:
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    from _callgrind import per_request
+
+    from tests.vllm.tiny_model import build
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(build(Path(tmp, "model")))
+        counted = per_request(lambda arm, count: [sys.executable, os.path.abspath(__file__), "--child", arm,
+                                                  "--steps", str(count), "--model", model,
+                                                  *(["--no-gc"] if args.no_gc else [])],
+                              arms, args.steps, args.base, jobs=args.jobs, unit="step", from_ready=True)
+    untraced = counted.get("untraced")
+    print(f"\nengine step, {RUNNING} running requests of {OUTPUT_TOKENS} output tokens (callgrind, "
+          f"{args.steps} - {args.base} steps)")
+    print(f"{'arm':<12} {'engine thread':>14} {'all threads':>12} {'ratio':>7}")
+    for arm in arms:
+        thread, total = counted[arm]["thread_instructions"], counted[arm]["all_instructions"]
+        ratio = f"{thread / untraced['thread_instructions']:.3f}" if untraced else "-"
+        print(f"{arm:<12} {thread / 1000:13.1f}k {total / 1000:11.1f}k {ratio:>7}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
