@@ -178,40 +178,47 @@ def _close_api(handle: RequestHandle, error: BaseException) -> None:
     handle.aborted(error if isinstance(error, Exception) else None)
 
 
+# The two helpers below run for every output of every engine step. They read vLLM's
+# ``EngineCoreOutput`` fields directly (a msgspec struct whose fields the version range fixes) and
+# keep the per-output path free of helper calls; anything unexpected raises into ``@guarded``.
 @guarded("vllm.api.tokens")
-def _api_tokens(outputs: Any, now: int) -> list[X.OutputEvent]:
-    events = X.output_events(outputs or ())
-    for event in events:
-        handle = API.open.get(event.request_id)
-        if handle is not None and event.new_tokens:
-            handle.token(event.new_tokens, now)
-    return events
+def _api_tokens(outputs: Any, now: int) -> None:
+    """The tokens of a batch of outputs, as they reach the API server (before vLLM detokenizes them)."""
+    open_requests = API.open
+    for output in outputs:
+        handle = open_requests.get(output.request_id)
+        if handle is not None and (token_ids := output.new_token_ids):
+            handle.token(len(token_ids), now)
 
 
 @guarded("vllm.api.outputs")
-def _api_after(processor: Any, outputs: Any, events: list[X.OutputEvent] | None, duration_ns: int) -> None:
-    if not events:
-        return
-    share = duration_ns // len(events)
+def _api_after(processor: Any, outputs: Any, duration_ns: int) -> None:
+    """After vLLM processed a batch of outputs: each request's share of the time, the engine's
+    summary where an output carries one, and the requests that ended."""
+    share = duration_ns // len(outputs)
     states = getattr(processor, "request_states", None)
-    headers_by_id = {str(getattr(o, "request_id", "")): getattr(o, "trace_headers", None) for o in outputs}
-    for event in events:
-        handle = API.open.get(event.request_id)
+    if not isinstance(states, dict):
+        states = None
+    open_requests = API.open
+    for output in outputs:
+        request_id = output.request_id
+        handle = open_requests.get(request_id)
         if handle is None:
             continue
-        handle.detokenized(share)
-        summary = X.decode_summary(headers_by_id.get(event.request_id))
-        if summary is not None:  # at the first token (queue, prefill) and at the end (all)
-            API.engine_reports = True
-            handle.engine_summary(summary)
-        still_open = event.request_id in states if isinstance(states, dict) else event.finish_reason is None
-        if still_open:
-            continue
-        API.open.pop(event.request_id, None)
+        handle.detokenize_ns += share  # RequestHandle.detokenized() inlined
+        headers = output.trace_headers
+        if headers and C.SUMMARY_KEY in headers:  # at the first token (queue, prefill) and at the end (all)
+            summary = X.decode_summary(headers)
+            if summary is not None:
+                API.engine_reports = True
+                handle.engine_summary(summary)
+        if (request_id in states) if states is not None else (output.finish_reason is None):
+            continue  # still open
+        del open_requests[request_id]
         if handle.summary_in is None and API.engine_reports:
             handle.engine_summary({})  # the engine traces this request's phases; never approximate them here
         # No finish reason from the engine but the request is done: vLLM's detokenizer matched a stop string.
-        reason = event.finish_reason or semconv.FINISH_STOP
+        reason = X.finish_reason(output.finish_reason) or semconv.FINISH_STOP
         if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
             handle.aborted(reason=reason)
         else:
@@ -224,10 +231,12 @@ def process_outputs_hook(original: Callable[..., Any], positions: dict[str, int]
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         outputs = get_outputs(args, kwargs)
         start = monotonic_ns()
-        events = _api_tokens(outputs, start)
+        if outputs:
+            _api_tokens(outputs, start)
         with _tokenizer_scope():
             result = original(self, *args, **kwargs)
-        _api_after(self, outputs or (), events, monotonic_ns() - start)
+        if outputs:
+            _api_after(self, outputs, monotonic_ns() - start)
         return result
 
     return hook

@@ -53,18 +53,30 @@ _ENGINES: weakref.WeakKeyDictionary[Any, _EngineState] = weakref.WeakKeyDictiona
 _PENDING: dict[int, _Pending] = {}
 
 
+#: The scheduler seen last and its state: a process runs one scheduler as a rule, and the weak
+#: dictionary's ``get`` is two Python frames, asked three or four times a step.
+_last: tuple[weakref.ref[Any], _EngineState] | None = None
+
+
 def _state(scheduler: Any) -> _EngineState:
+    global _last
+    last = _last
+    if last is not None and last[0]() is scheduler:
+        return last[1]
     state = _ENGINES.get(scheduler)
     if state is None:
         state = _ENGINES[scheduler] = _EngineState(scheduler)
+    _last = (weakref.ref(scheduler), state)
     return state
 
 
 def reset() -> None:
     """Close every open window and forget pending steps (``uninstrument()``)."""
+    global _last
     for state in list(_ENGINES.values()):
         state.tracer.flush_window()
     _PENDING.clear()
+    _last = None
 
 
 def engine_states() -> list[Any]:
@@ -111,7 +123,7 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
         if handle is not None:
             handle.preempted(end_ns)
     waiting, running = X.queue_counts(scheduler.get_request_counts())
-    step.batch([rid for rid in info.request_ids if rid in state.handles], prefill_tokens=info.prefill_tokens,
+    step.batch(list(filter(state.handles.__contains__, info.request_ids)), prefill_tokens=info.prefill_tokens,
                decode_tokens=info.decode_tokens, waiting=waiting, running=running,
                kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
                preempted=len(info.preempted_ids), cached_tokens=info.cached_tokens)
@@ -166,6 +178,10 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         if handle is None:
             continue
         token_ids = output.new_token_ids
+        if (output.finish_reason is None and handle.token_ns and len(token_ids or ()) == 1 and not drafts
+                and handle.finish_ns is None):
+            handle.token_ns.append(start_ns)  # RequestHandle.token(1) inlined: a running request's next token
+            continue
         first = not handle.token_ns
         if token_ids:
             handle.token(len(token_ids), start_ns)

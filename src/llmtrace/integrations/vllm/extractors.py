@@ -8,7 +8,9 @@ plain stand-ins alike. Nothing here imports vLLM.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import math
+import operator
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,9 @@ from llmtrace.integrations._targets import number
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
+#: One encoder for every summary (``json.dumps`` with options builds a new one per call).
+_SUMMARY_ENCODER = json.JSONEncoder(separators=(",", ":"))
+_PROMPT_LENGTH = operator.attrgetter("num_prompt_tokens")
 _FINISH_REASONS = {0: semconv.FINISH_STOP, 1: semconv.FINISH_LENGTH, 2: semconv.FINISH_ABORT,
                    3: semconv.FINISH_ERROR, 4: "repetition"}
 #: ``RequestOutputKind.DELTA``: the OpenAI server streams with it.
@@ -51,17 +56,6 @@ class BatchInfo:
     preempted_ids: tuple[str, ...]
     total_tokens: int
     cached_tokens: int = 0  # prompt tokens of the newly admitted requests the prefix cache served
-
-
-@dataclass(frozen=True)
-class OutputEvent:
-    """One ``EngineCoreOutput``: tokens it carries and, when final, why it finished."""
-
-    request_id: str
-    new_tokens: int
-    finish_reason: str | None
-
-
 
 
 def _length(value: Any) -> int | None:
@@ -142,9 +136,19 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
         prefill += int(scheduled.get(new_id, 0))
         cached_tokens += getattr(new, "num_computed_tokens", 0) or 0
     cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
+    cached_ids = getattr(cached, "req_ids", None) or ()
+    done_counts = getattr(cached, "num_computed_tokens", None) or ()
     decode = 0
-    for request_id, done in zip(getattr(cached, "req_ids", None) or (),
-                                getattr(cached, "num_computed_tokens", None) or (), strict=False):
+    if cached_ids and len(cached_ids) == len(done_counts) and new_ids.isdisjoint(cached_ids):
+        try:
+            # Every running request past its prompt (a decode step, the common one): counted in C.
+            if all(map(operator.le, map(_PROMPT_LENGTH, map(prompt_lengths.__getitem__, cached_ids)),
+                       done_counts)):
+                decode = sum(map(scheduled.__getitem__, cached_ids))
+                cached_ids = ()
+        except (KeyError, AttributeError, TypeError):
+            decode = 0  # an id or a value out of the ordinary: the loop below sorts it out
+    for request_id, done in zip(cached_ids, done_counts, strict=False):
         n = scheduled.get(request_id)
         if n is None or request_id in new_ids:
             continue
@@ -186,16 +190,6 @@ def finish_reason(value: Any) -> str | None:
     return str(value).lower()
 
 
-def output_events(outputs: Iterable[Any]) -> list[OutputEvent]:
-    """``EngineCoreOutput`` list (API side) -> tokens and finish reason per request."""
-    events = []
-    for output in outputs:
-        tokens = _length(getattr(output, "new_token_ids", None)) or 0
-        events.append(OutputEvent(str(getattr(output, "request_id", "")), tokens,
-                                  finish_reason(getattr(output, "finish_reason", None))))
-    return events
-
-
 def engine_outputs(result: Any) -> list[Any]:
     """Every ``EngineCoreOutput`` in ``update_from_output``'s ``{client: EngineCoreOutputs}``."""
     if not isinstance(result, Mapping):
@@ -223,8 +217,7 @@ def merge_carrier(trace_headers: Mapping[str, str] | None, carrier: Mapping[str,
 
 def encode_summary(summary: Mapping[str, Any]) -> str:
     """Engine durations as a compact JSON string (only the known keys)."""
-    clean = {k: summary[k] for k in _SUMMARY_FIELDS if summary.get(k) is not None}
-    return json.dumps(clean, separators=(",", ":"))
+    return _SUMMARY_ENCODER.encode({k: v for k, v in summary.items() if v is not None and k in _SUMMARY_FIELDS})
 
 
 def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | None:
@@ -241,9 +234,13 @@ def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | 
     if not isinstance(data, dict):
         return None
     summary: dict[str, Any] = {}
-    for key, kind in _SUMMARY_FIELDS.items():
-        value = number(data.get(key), kind)
-        if value is not None and value >= 0:
+    for key, raw_value in data.items():  # twice per request: the keys it carries, not every known one
+        kind = _SUMMARY_FIELDS.get(key)
+        if kind is None:
+            continue
+        # The right type as sent, or converted (an int where a float belongs, a string) or dropped.
+        value: Any = raw_value if raw_value.__class__ is kind else number(raw_value, kind)
+        if value is not None and value >= 0 and (kind is int or math.isfinite(value)):
             summary[key] = value
     return summary
 
