@@ -59,6 +59,10 @@ def test_batch_info_splits_chunked_prefill_and_decode(scheduler: Any) -> None:
     scheduler.update_from_output(first, runner)
     second = scheduler.schedule()
     assert X.BatchInfo(("a", "b"), 16, 1, (), 17) == X.batch_info(second, scheduler.requests)
+    runner = ModelRunnerOutput(req_ids=["a", "b"], req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5], [5]])
+    scheduler.update_from_output(second, runner)
+    third = scheduler.schedule()  # both past their prompts: the decode step counted in C
+    assert X.BatchInfo(("a", "b"), 0, 2, (), 2) == X.batch_info(third, scheduler.requests)
     assert (0, 2) == X.queue_counts(scheduler.get_request_counts())
     usage = X.kv_cache_usage(scheduler.get_kv_cache_usage())
     assert usage is not None and 0.0 < usage <= 1.0
@@ -125,12 +129,36 @@ def test_cached_tokens_of_a_step_are_the_new_requests_cache_hits() -> None:
     assert 32 == X.batch_info(output, {}).cached_tokens
 
 
+@pytest.mark.parametrize("lengths", [
+    {"a": SimpleNamespace(num_prompt_tokens=10), "b": SimpleNamespace(num_prompt_tokens=4)},  # Request-like
+    {"a": 10, "b": 4},  # prompt lengths as ints: the per-request loop
+    {"a": SimpleNamespace(num_prompt_tokens=10), "b": None},  # a request the scheduler no longer has
+], ids=["requests", "ints", "unknown"])
+def test_decode_and_chunked_prefill_split_the_same_whichever_way_counted(lengths: dict[str, Any]) -> None:
+    """A running request past its prompt decodes, one still inside it prefills: the C count of an
+    all-decode step and the per-request loop agree, and a step mixing both is split per request."""
+    def output(done: list[int]) -> Any:
+        cached = SimpleNamespace(req_ids=["a", "b"], num_computed_tokens=done)
+        return SimpleNamespace(num_scheduled_tokens={"a": 1, "b": 3}, total_num_scheduled_tokens=None,
+                               scheduled_new_reqs=[], scheduled_cached_reqs=cached, preempted_req_ids=())
+
+    assert (0, 4) == (X.batch_info(output([12, 6]), lengths).prefill_tokens,
+                      X.batch_info(output([12, 6]), lengths).decode_tokens)
+    mixed = X.batch_info(output([12, 2]), lengths)  # b: 2 of 4 prompt tokens done, 3 scheduled
+    expected = (0, 4) if lengths["b"] is None else (2, 2)
+    assert expected == (mixed.prefill_tokens, mixed.decode_tokens)
+
+
 def test_decode_summary_rejects_malformed_input() -> None:
     """A foreign or broken summary is ignored (None), unknown keys and negative values dropped."""
     assert X.decode_summary({C.SUMMARY_KEY: "{not json"}) is None
     assert X.decode_summary({C.SUMMARY_KEY: "[1, 2]"}) is None
     assert X.decode_summary(None) is None
     assert {"queue_s": 1.0} == X.decode_summary({C.SUMMARY_KEY: '{"queue_s": 1, "prefill_s": -2, "evil": 3}'})
+    odd = '{"queue_s": NaN, "decode_s": Infinity, "preemptions": "2", "first_step": 1.5, "decode_steps": true}'
+    assert {"preemptions": 2, "first_step": 1} == X.decode_summary({C.SUMMARY_KEY: odd})
+    summary = X.decode_summary({C.SUMMARY_KEY: X.encode_summary({"queue_s": 0.5, "preemptions": 1, "decode_s": None})})
+    assert {"queue_s": 0.5, "preemptions": 1} == summary
 
 
 def test_first_token_summary_keeps_only_final_values() -> None:

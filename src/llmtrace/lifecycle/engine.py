@@ -36,10 +36,7 @@ import gc
 import random
 import threading
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterable
-from itertools import repeat
-from operator import attrgetter, is_
+from collections.abc import Iterable
 from types import TracebackType
 from typing import Any
 
@@ -55,14 +52,6 @@ from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
 from llmtrace.lifecycle.request import RequestHandle
 from llmtrace.lifecycle.tracker import RequestTracker
-
-#: Runs an iterator to its end in C, keeping nothing (the itertools recipes' ``consume``): with
-#: ``map(list.append, ...)`` it appends to every request of a batch without a Python loop.
-_run: Callable[[Iterable[Any]], None] = deque(maxlen=0).extend
-_FINISH_NS = attrgetter("finish_ns")
-_AWAITING = attrgetter("awaiting_schedule")
-_STEPS = attrgetter("steps")
-_TOKEN_NS = attrgetter("token_ns")
 
 PHASE_NAMES = {
     "schedule": semconv.SPAN_SCHEDULE,
@@ -156,22 +145,19 @@ class StepRecord:
               kv_cache_usage: float | None = None, preempted: int = 0, cached_tokens: int = 0) -> None:
         """The requests in this step's batch, and the batch's numbers (*cached_tokens*: prompt
         tokens of the requests admitted now that the prefix cache served)."""
-        # RequestHandle.scheduled() inlined: this runs for every request in every step, so the
-        # lookups, the tests and (when every request is open and running) the appends run in C.
+        # RequestHandle.scheduled() inlined: this loop runs for every request in every step,
+        # so the lookups run in C (map) and the loop body is one flag test and one append.
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
             request_ids = list(request_ids)  # a generator: read once, used twice on the slow path
         handles: list[Any] = list(map(self.engine.tracker._open.get, request_ids))
         if not all(handles):  # an id the tracker never saw (None): the slow path logs and skips it
             handles = self.engine.handles_for(request_ids)
         step_id = self.step_id
-        if all(map(is_, map(_FINISH_NS, handles), repeat(None))) and not any(map(_AWAITING, handles)):
-            _run(map(list.append, map(_STEPS, handles), repeat(step_id)))
-        else:
-            for handle in handles:
-                if handle.finish_ns is None:
-                    if handle.awaiting_schedule:
-                        handle.scheduled(at_ns=self.start_ns)
-                    handle.steps.append(step_id)
+        for handle in handles:
+            if handle.finish_ns is None:
+                if handle.awaiting_schedule:
+                    handle.scheduled(at_ns=self.start_ns)
+                handle.steps.append(step_id)
         if self.engine.energy_accounting:
             for handle in handles:
                 if handle.finish_ns is None:
@@ -188,11 +174,7 @@ class StepRecord:
         """Each of these requests (default: the whole batch) produced one output token now."""
         now = monotonic_ns()
         handles = self.handles if request_ids is None else self.engine.handles_for(request_ids)
-        # RequestHandle.token(1) inlined; in C when every request is still open (the common step).
-        if all(map(is_, map(_FINISH_NS, handles), repeat(None))):
-            _run(map(list.append, map(_TOKEN_NS, handles), repeat(now)))
-            return
-        for handle in handles:
+        for handle in handles:  # RequestHandle.token(1) inlined
             if handle.finish_ns is None:
                 handle.token_ns.append(now)
 

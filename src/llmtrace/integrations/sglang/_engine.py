@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from itertools import repeat
-from operator import attrgetter, is_
 from typing import Any
 
 from llmtrace import semconv
@@ -148,9 +146,6 @@ def handle_generate_hook(original: Callable[..., Any], positions: dict[str, int]
     return hook
 
 
-_FINISHED_REASON = attrgetter("finished_reason")
-
-
 @guarded("sglang.engine.outputs")
 def _outputs(reqs: Any) -> None:
     """Before SGLang sends a step's outputs: the requests that finished, and (outside decode steps)
@@ -162,12 +157,9 @@ def _outputs(reqs: Any) -> None:
     now = monotonic_ns()
     if _DECODING:
         # A decode step (the common case): one token per running request, recorded for the whole
-        # batch after the step (``_processed``); here only the requests that finished. ``req.finished()``
-        # is ``finished_reason is not None``, tested for the whole batch in C: it runs every step.
-        reqs = reqs or ()
-        if all(map(is_, map(_FINISHED_REASON, reqs), repeat(None))):
-            return
-        for req in reqs:
+        # batch after the step (``_processed``); here only the requests that finished.
+        for req in reqs or ():
+            # ``req.finished()`` is exactly this test; inlined: it runs for every request every step.
             if req.finished_reason is not None and (handle := handles.get(req.rid)) is not None:
                 _finished(state, handle, req, now)
         return

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, NamedTuple
 
 from llmtrace import semconv
@@ -152,14 +151,11 @@ def forward_mode(batch: Any) -> str:
     return label
 
 
-_RID = attrgetter("rid")
-
-
 def batch_info(batch: Any) -> BatchInfo:
     """Request ids and the prefill/decode token split of a ``ScheduleBatch`` about to run."""
     # Called once per engine step: one pass over the batch, no per-request helper calls.
     reqs: Sequence[Any] = getattr(batch, "reqs", None) or ()
-    ids = list(map(_RID, reqs))  # in C
+    ids = [req.rid for req in reqs]
     mode = forward_mode(batch)
     if mode == "decode":
         return BatchInfo(ids, mode, 0, len(ids))

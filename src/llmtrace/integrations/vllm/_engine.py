@@ -123,7 +123,7 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
         if handle is not None:
             handle.preempted(end_ns)
     waiting, running = X.queue_counts(scheduler.get_request_counts())
-    step.batch(list(filter(state.handles.__contains__, info.request_ids)), prefill_tokens=info.prefill_tokens,
+    step.batch([rid for rid in info.request_ids if rid in state.handles], prefill_tokens=info.prefill_tokens,
                decode_tokens=info.decode_tokens, waiting=waiting, running=running,
                kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
                preempted=len(info.preempted_ids), cached_tokens=info.cached_tokens)

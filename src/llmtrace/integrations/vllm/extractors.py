@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +17,9 @@ from llmtrace import semconv
 from llmtrace.integrations._targets import number
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
-#: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
 #: One encoder for every summary (``json.dumps`` with options builds a new one per call).
 _SUMMARY_ENCODER = json.JSONEncoder(separators=(",", ":"))
-_PROMPT_LENGTH = operator.attrgetter("num_prompt_tokens")
+#: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
 _FINISH_REASONS = {0: semconv.FINISH_STOP, 1: semconv.FINISH_LENGTH, 2: semconv.FINISH_ABORT,
                    3: semconv.FINISH_ERROR, 4: "repetition"}
 #: ``RequestOutputKind.DELTA``: the OpenAI server streams with it.
@@ -136,19 +134,9 @@ def batch_info(scheduler_output: Any, prompt_lengths: Mapping[str, Any]) -> Batc
         prefill += int(scheduled.get(new_id, 0))
         cached_tokens += getattr(new, "num_computed_tokens", 0) or 0
     cached = getattr(scheduler_output, "scheduled_cached_reqs", None)
-    cached_ids = getattr(cached, "req_ids", None) or ()
-    done_counts = getattr(cached, "num_computed_tokens", None) or ()
     decode = 0
-    if cached_ids and len(cached_ids) == len(done_counts) and new_ids.isdisjoint(cached_ids):
-        try:
-            # Every running request past its prompt (a decode step, the common one): counted in C.
-            if all(map(operator.le, map(_PROMPT_LENGTH, map(prompt_lengths.__getitem__, cached_ids)),
-                       done_counts)):
-                decode = sum(map(scheduled.__getitem__, cached_ids))
-                cached_ids = ()
-        except (KeyError, AttributeError, TypeError):
-            decode = 0  # an id or a value out of the ordinary: the loop below sorts it out
-    for request_id, done in zip(cached_ids, done_counts, strict=False):
+    for request_id, done in zip(getattr(cached, "req_ids", None) or (),
+                                getattr(cached, "num_computed_tokens", None) or (), strict=False):
         n = scheduled.get(request_id)
         if n is None or request_id in new_ids:
             continue
