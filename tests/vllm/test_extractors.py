@@ -150,15 +150,29 @@ def test_decode_and_chunked_prefill_split_the_same_whichever_way_counted(lengths
 
 
 def test_decode_summary_rejects_malformed_input() -> None:
-    """A foreign or broken summary is ignored (None), unknown keys and negative values dropped."""
-    assert X.decode_summary({C.SUMMARY_KEY: "{not json"}) is None
-    assert X.decode_summary({C.SUMMARY_KEY: "[1, 2]"}) is None
+    """A foreign or broken summary is ignored (None); negative values are dropped."""
+    fields = len(X._SUMMARY_FIELDS)
+    assert X.decode_summary({C.SUMMARY_KEY: '{"queue_s": 1}'}) is None  # not the wire format
+    assert X.decode_summary({C.SUMMARY_KEY: "s1,1,2"}) is None  # too few fields
+    assert X.decode_summary({C.SUMMARY_KEY: "s9" + "," * fields}) is None  # another format's tag
+    assert X.decode_summary({C.SUMMARY_KEY: "s1,x" + "," * (fields - 1)}) is None  # not an integer
+    assert X.decode_summary({C.SUMMARY_KEY: 7}) is None  # type: ignore[dict-item]
     assert X.decode_summary(None) is None
-    assert {"queue_s": 1.0} == X.decode_summary({C.SUMMARY_KEY: '{"queue_s": 1, "prefill_s": -2, "evil": 3}'})
-    odd = '{"queue_s": NaN, "decode_s": Infinity, "preemptions": "2", "first_step": 1.5, "decode_steps": true}'
-    assert {"preemptions": 2, "first_step": 1} == X.decode_summary({C.SUMMARY_KEY: odd})
-    summary = X.decode_summary({C.SUMMARY_KEY: X.encode_summary({"queue_s": 0.5, "preemptions": 1, "decode_s": None})})
+    negative = X.encode_summary({"queue_s": 1.0, "prefill_s": -2.0, "preemptions": -1})
+    assert {"queue_s": 1.0} == X.decode_summary({C.SUMMARY_KEY: negative})
+    summary = X.decode_summary({C.SUMMARY_KEY: X.encode_summary({"queue_s": 0.5, "preemptions": 1, "decode_s": None,
+                                                                  "evil": 3})})
     assert {"queue_s": 0.5, "preemptions": 1} == summary
+
+
+def test_summary_durations_cross_as_nanoseconds() -> None:
+    """Seconds measured from nanosecond clocks come back to the nanosecond; counts stay ints."""
+    sent = {"queue_s": 1_234_567 * 1e-9, "prefill_s": 0.0, "decode_s": 3_600.000000001, "decode_steps": 15}
+    received = X.decode_summary({C.SUMMARY_KEY: X.encode_summary(sent)})
+    assert received is not None and sent.keys() == received.keys()
+    assert 15 == received["decode_steps"] and isinstance(received["decode_steps"], int)
+    for key in ("queue_s", "prefill_s", "decode_s"):
+        assert round(sent[key] * 1e9) == round(received[key] * 1e9)
 
 
 def test_first_token_summary_keeps_only_final_values() -> None:

@@ -7,8 +7,6 @@ plain stand-ins alike. Nothing here imports vLLM.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +15,6 @@ from llmtrace import semconv
 from llmtrace.integrations._targets import number
 from llmtrace.integrations.vllm._constants import CARRIER_KEYS, SUMMARY_KEY
 
-#: One encoder for every summary (``json.dumps`` with options builds a new one per call).
-_SUMMARY_ENCODER = json.JSONEncoder(separators=(",", ":"))
 #: vLLM ``FinishReason`` (an IntEnum) -> the reason llmtrace records.
 _FINISH_REASONS = {0: semconv.FINISH_STOP, 1: semconv.FINISH_LENGTH, 2: semconv.FINISH_ABORT,
                    3: semconv.FINISH_ERROR, 4: "repetition"}
@@ -203,33 +199,44 @@ def merge_carrier(trace_headers: Mapping[str, str] | None, carrier: Mapping[str,
     return merged
 
 
+#: The summary on the wire: a format tag, then every field of :data:`_SUMMARY_FIELDS` in that order,
+#: each a decimal integer (durations in nanoseconds) or nothing when absent. Not JSON: it is encoded
+#: twice per request in EngineCore and decoded twice in the API server, and JSON with floats took
+#: about twice as long to encode and a third longer to decode (timeit, docs/perf-log.md).
+_WIRE_TAG = "s1"
+_WIRE_FIELDS: tuple[tuple[str, bool], ...] = tuple((key, kind is float) for key, kind in _SUMMARY_FIELDS.items())
+
+
 def encode_summary(summary: Mapping[str, Any]) -> str:
-    """Engine durations as a compact JSON string (only the known keys)."""
-    return _SUMMARY_ENCODER.encode({k: v for k, v in summary.items() if v is not None and k in _SUMMARY_FIELDS})
+    """Engine durations (seconds) and counts as the compact wire string (only the known keys)."""
+    parts = [_WIRE_TAG]
+    for key, seconds in _WIRE_FIELDS:
+        value = summary.get(key)
+        if value is None:
+            parts.append("")
+        else:
+            parts.append(str(round(value * 1e9) if seconds else int(value)))
+    return ",".join(parts)
 
 
 def decode_summary(trace_headers: Mapping[str, str] | None) -> dict[str, Any] | None:
-    """The engine summary on a final output's ``trace_headers``; None if absent or malformed."""
+    """The engine summary on an output's ``trace_headers``; None if absent or malformed (negative
+    values are dropped)."""
     if not trace_headers or not isinstance(trace_headers, Mapping):
         return None
     raw = trace_headers.get(SUMMARY_KEY)
-    if not raw:
+    if not raw or not isinstance(raw, str):
         return None
-    try:
-        data = json.loads(raw)
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(data, dict):
+    parts = raw.split(",")
+    if len(parts) != len(_WIRE_FIELDS) + 1 or parts[0] != _WIRE_TAG:
         return None
     summary: dict[str, Any] = {}
-    for key, raw_value in data.items():  # twice per request: the keys it carries, not every known one
-        kind = _SUMMARY_FIELDS.get(key)
-        if kind is None:
-            continue
-        # The right type as sent, or converted (an int where a float belongs, a string) or dropped.
-        value: Any = raw_value if raw_value.__class__ is kind else number(raw_value, kind)
-        if value is not None and value >= 0 and (kind is int or math.isfinite(value)):
-            summary[key] = value
+    try:
+        for (key, seconds), text in zip(_WIRE_FIELDS, parts[1:], strict=True):
+            if text and (value := int(text)) >= 0:
+                summary[key] = value / 1e9 if seconds else value
+    except ValueError:  # not an integer: not ours
+        return None
     return summary
 
 
