@@ -6,7 +6,9 @@ CPU platform) fed real ``Request`` objects; each step is ``schedule()``, then
 ``EngineCore.step`` does around the model runner. No model runs: what is measured is the
 scheduler's Python and llmtrace's hooks on it, on the thread that runs them. Requests of 20
 prompt tokens and 16 output tokens, 8 running; each finished request is replaced by a new one,
-so opening and finishing requests is in the per-step number at a 16-token stream's rate.
+so opening and finishing requests is in the per-step number at a 16-token stream's rate. Each
+request carries a W3C context in its ``trace_headers``, as the API server's adapter sends it
+(sampled there: every tenth request at production settings, every one fully traced).
 
 Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
@@ -66,13 +68,20 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
                           structured_output_manager=StructuredOutputManager(config), block_size=16)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     added = 0
+    sampled_every = {"production": 10, "full": 1}.get(arm, 0)
+
+    def carrier(n: int) -> dict[str, str]:
+        """What the API server's adapter puts on each request: its ``llm.request``'s context, sampled
+        there (one in ten at production settings)."""
+        flags = "01" if sampled_every and n % sampled_every == 0 else "00"
+        return {"traceparent": f"00-{n + 1:032x}-{n + 1:016x}-{flags}"}
 
     def top_up() -> None:
         nonlocal added
         while scheduler.get_num_unfinished_requests() < RUNNING:
             # A distinct prompt per request: no prefix-cache hits, every request prefills.
             prompt = [3 + (added + i) % 250 for i in range(PROMPT_TOKENS)]
-            scheduler.add_request(Request(f"r{added}", prompt, params, None))
+            scheduler.add_request(Request(f"r{added}", prompt, params, None, trace_headers=carrier(added)))
             added += 1
 
     def step() -> None:
