@@ -395,3 +395,51 @@ def test_a_windows_spans_are_the_same_through_the_sdk_and_through_any_tracer(
     assert api == fast
     for rid in ids:
         engine.tracker.finished(rid)
+
+
+def test_batch_requests_keeps_request_timelines_without_the_numbers(runtime_with: InstallRuntime) -> None:
+    """What an integration records in an unsampled window's step: the requests' first scheduling and
+    step ids equal what ``batch()`` records; the batch-size metric still counts the requests."""
+    captured = runtime_with(engine_sample_ratio=0.0, sample_ratio=0.0)
+    engine = EngineTracer("dp20")
+    lean, full = engine.tracker.add("lean"), engine.tracker.add("full")
+    for _ in range(3):
+        step = engine.begin_step()
+        assert not step.sampled
+        step.batch_requests(["lean"], preempted=1)
+        step.batch(["full"], decode_tokens=1)
+        engine.end_step(step)
+    engine.flush_window()
+    assert lean.steps == full.steps == [0, 1, 2]
+    assert lean.scheduled_ns == full.scheduled_ns and not lean.awaiting_schedule
+    batch = captured.metrics()[semconv.METRIC_BATCH_SIZE].data.data_points[0]
+    assert 3 == batch.count and 6 == batch.sum
+
+
+def test_a_step_whose_window_turned_over_omits_the_numbers_it_skipped(runtime_with: InstallRuntime) -> None:
+    """Overlapping steps (async scheduling): a step begun in an unsampled window whose outputs land
+    after that window closed joins the next one; if that one is sampled, the step's span carries
+    its requests but no prefill/decode split rather than a false zero. (The sampling draw is set on
+    the tracer between windows: no public knob changes it mid-run.)"""
+    captured = runtime_with(engine_sample_ratio=0.0, engine_window_steps=1)
+    engine = EngineTracer("dp21")
+    engine.tracker.add("a")
+    first, second = engine.begin_step(), engine.begin_step()  # both in the first, unsampled window
+    for step in (first, second):
+        assert not step.sampled
+        step.batch_requests(["a"])
+    engine.end_step(first)  # one step fills the window: it closes, unsampled
+    engine._ratio = 1.0
+    engine.end_step(second)  # lands in a new window, sampled
+    third = engine.begin_step()
+    assert third.sampled
+    third.batch(["a"], prefill_tokens=0, decode_tokens=1)
+    engine.end_step(third)
+    engine.flush_window()
+    spans = {s.attributes[semconv.LLM_STEP_ID]: s for s in captured.named(semconv.SPAN_STEP)}
+    assert [1, 2] == sorted(spans)  # type: ignore[type-var]  # ints: the SDK types them AnyValue
+    assert 1 == spans[1].attributes[semconv.LLM_BATCH_SIZE]
+    assert semconv.LLM_BATCH_DECODE_TOKENS not in spans[1].attributes
+    assert semconv.LLM_BATCH_PREFILL_TOKENS not in spans[1].attributes
+    assert 1 == spans[2].attributes[semconv.LLM_BATCH_DECODE_TOKENS]
+    assert 0 == spans[2].attributes[semconv.LLM_BATCH_PREFILL_TOKENS]

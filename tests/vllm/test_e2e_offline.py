@@ -125,3 +125,25 @@ def test_plugin_is_a_no_op_without_opt_in(tiny_model: Path, tmp_path: Path) -> N
     result = run_scenario(tiny_model, traces, "--requests", "2")
     assert 2 == len(result)
     assert not traces.exists()
+
+
+def test_unsampled_engine_windows_still_time_every_request(tiny_model: Path, tmp_path: Path) -> None:
+    """Engine windows never sampled (``LLMTRACE_ENGINE_SAMPLE_RATIO=0``), requests always: no
+    llm.step spans, and each request still gets its queue/prefill/decode phases, its step ids and
+    its preemptions, which EngineCore records without the batch's numbers in such a window."""
+    traces = tmp_path / "traces.jsonl"
+    result = run_scenario(tiny_model, traces, "--requests", "8", "--max-tokens", "60", "--blocks", "9",
+                          LLMTRACE_VLLM="1", LLMTRACE_ENGINE_SAMPLE_RATIO="0")
+    driven("the preempting scenario with engine windows unsampled: the scheduler hook's lean path")
+    spans = trace_checks.load(traces)
+    assert [] == [s for s in spans if s.name in ("llm.step", "llm.engine")]
+    requests = [s for s in spans if s.name == "llm.request"]
+    assert [60] * len(result) == [r.attributes["gen_ai.usage.output_tokens"] for r in requests]
+    for request in requests:
+        a = request.attributes
+        assert a["gen_ai.latency.time_in_queue"] >= 0 and a["gen_ai.latency.time_in_model_prefill"] > 0
+        assert a["llm.step.first_id"] < a["llm.step.last_id"] and a["llm.decode.steps"] >= 59
+    preemptions = sum(r.attributes["llm.preemptions"] for r in requests)
+    assert preemptions > 0  # 9 KV blocks for 8 requests of 100 tokens: the scheduler preempted
+    assert len(requests) + preemptions == sum(1 for s in spans if s.name == "llm.queue")
+    assert {"llm.queue", "llm.prefill", "llm.decode"} <= {s.name for s in spans}

@@ -70,13 +70,20 @@ class StepRecord:
     # slot stores beat instance-dict stores (measured; a dict with class-level defaults
     # made batch() 3x slower as each step's dict grew).
     __slots__ = ("_gpu_token", "_mark_name", "_mark_ns", "_phase_name", "_phase_start", "_timer", "attributes",
-                 "cached_tokens", "decode_tokens", "end_ns", "energy_done", "energy_j", "engine", "handles",
-                 "kv_cache_usage", "phases", "preempted", "prefill_tokens", "running", "start_ns", "step_id",
-                 "waiting")
+                 "cached_tokens", "counted", "decode_tokens", "end_ns", "energy_done", "energy_j", "engine",
+                 "handles", "kv_cache_usage", "phases", "preempted", "prefill_tokens", "running", "sampled",
+                 "start_ns", "step_id", "waiting")
 
-    def __init__(self, engine: EngineTracer, step_id: int, start_ns: int) -> None:
+    def __init__(self, engine: EngineTracer, step_id: int, start_ns: int, sampled: bool = True) -> None:
         self.engine = engine
         self.step_id = step_id
+        #: Whether the window this step began in becomes spans. When it does not, only the batch's
+        #: requests matter (their queue times and step ids feed every request's metrics and summary):
+        #: an integration may record them with :meth:`batch_requests` and skip the numbers that
+        #: only the ``llm.step`` span shows.
+        self.sampled = sampled
+        #: Whether :meth:`batch` gave the batch's numbers (the span leaves out what was not given).
+        self.counted = False
         self.start_ns = self.end_ns = start_ns
         self.phases: list[tuple[str, int, int]] = []
         self.handles: list[RequestHandle] = []
@@ -145,6 +152,18 @@ class StepRecord:
               kv_cache_usage: float | None = None, preempted: int = 0, cached_tokens: int = 0) -> None:
         """The requests in this step's batch, and the batch's numbers (*cached_tokens*: prompt
         tokens of the requests admitted now that the prefix cache served)."""
+        self.batch_requests(request_ids, preempted)
+        self.counted = True
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
+        self.waiting, self.running = waiting, running
+        self.kv_cache_usage = kv_cache_usage
+        self.cached_tokens += cached_tokens
+
+    def batch_requests(self, request_ids: Iterable[str], preempted: int = 0) -> None:
+        """The requests in this step's batch without the batch's numbers: enough for every request's
+        own timeline (when it was first scheduled, which steps it was in), which is all a step of an
+        unsampled window (``sampled`` False) is used for."""
         # RequestHandle.scheduled() inlined: this loop runs for every request in every step,
         # so the lookups run in C (map) and the loop body is one flag test and one append.
         if request_ids.__class__ is not list and request_ids.__class__ is not tuple:
@@ -163,12 +182,7 @@ class StepRecord:
                 if handle.finish_ns is None:
                     handle.step_records.append(self)
         self.handles += handles
-        self.prefill_tokens += prefill_tokens
-        self.decode_tokens += decode_tokens
-        self.waiting, self.running = waiting, running
-        self.kv_cache_usage = kv_cache_usage
         self.preempted += preempted
-        self.cached_tokens += cached_tokens
 
     def tokens(self, request_ids: Iterable[str] | None = None) -> None:
         """Each of these requests (default: the whole batch) produced one output token now."""
@@ -257,11 +271,12 @@ class EngineTracer:
     def begin_step(self) -> StepRecord:
         """A scheduler iteration starts now."""
         now = monotonic_ns()
-        if self._window is None:
-            self._window = _Window(now, self._rng.random() < self._ratio)
+        window = self._window
+        if window is None:
+            window = self._window = _Window(now, self._rng.random() < self._ratio)
             if self.forward_timer is None:
                 self.forward_timer = _forward_timer()
-        step = StepRecord(self, self._next_step, now)
+        step = StepRecord(self, self._next_step, now, window.sampled)
         self._next_step += 1
         return step
 
@@ -351,11 +366,14 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
         semconv.LLM_ENGINE_ID: engine_id,
         semconv.LLM_STEP_ID: step.step_id,
         semconv.LLM_BATCH_SIZE: len(step.handles),
-        semconv.LLM_BATCH_PREFILL_TOKENS: step.prefill_tokens,
-        semconv.LLM_BATCH_DECODE_TOKENS: step.decode_tokens,
         semconv.LLM_PREEMPTED: step.preempted,
         semconv.LLM_BATCH_REQUEST_IDS: [h.request_id for h in step.handles[:MAX_BATCH_IDS_ATTR]],
     }
+    if step.counted or not step.handles:
+        # Not counted: a step that began in an unsampled window and closed in a sampled one (the
+        # window turned over between its schedule and its outputs); its split is unknown, not zero.
+        attrs[semconv.LLM_BATCH_PREFILL_TOKENS] = step.prefill_tokens
+        attrs[semconv.LLM_BATCH_DECODE_TOKENS] = step.decode_tokens
     for key, value in ((semconv.LLM_QUEUE_WAITING, step.waiting), (semconv.LLM_QUEUE_RUNNING, step.running),
                        (semconv.LLM_KV_CACHE_USAGE, step.kv_cache_usage)):
         if value is not None:

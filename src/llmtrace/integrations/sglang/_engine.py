@@ -261,18 +261,25 @@ def _scheduled(scheduler: Any, plan: Any, start_ns: int, end_ns: int) -> None:
     step.start_ns = start_ns
     step.add_phase("schedule", start_ns, end_ns)
     info = X.batch_info(batch)
-    running = getattr(getattr(plan, "running_batch", None), "reqs", None)
     # The tracker knows every request of the batch (it opened each one as it arrived); a rank that
     # does not track requests links none.
-    step.batch(info.request_ids if state.tracks_requests else (), prefill_tokens=info.prefill_tokens,
-               decode_tokens=info.decode_tokens, waiting=len(getattr(scheduler, "waiting_queue", ()) or ()),
-               running=len(running) if running is not None else None,
-               kv_cache_usage=X.kv_cache_usage(getattr(scheduler, "token_to_kv_pool_allocator", None),
-                                               getattr(scheduler, "tree_cache", None)),
-               preempted=state.preempted,
-               cached_tokens=_new_cache_hits(state, batch) if info.mode != "decode" else 0)
+    request_ids = info.request_ids if state.tracks_requests else ()
+    # Counted in every step: the map of what each request has read from the cache moves on.
+    cached_tokens = _new_cache_hits(state, batch) if info.mode != "decode" else 0
+    if step.sampled:
+        running = getattr(getattr(plan, "running_batch", None), "reqs", None)
+        step.batch(request_ids, prefill_tokens=info.prefill_tokens, decode_tokens=info.decode_tokens,
+                   waiting=len(getattr(scheduler, "waiting_queue", ()) or ()),
+                   running=len(running) if running is not None else None,
+                   kv_cache_usage=X.kv_cache_usage(getattr(scheduler, "token_to_kv_pool_allocator", None),
+                                                   getattr(scheduler, "tree_cache", None)),
+                   preempted=state.preempted, cached_tokens=cached_tokens)
+        step.set(semconv.LLM_BATCH_FORWARD_MODE, info.mode)
+    else:
+        # An unsampled window's step feeds only its requests' timelines and the batch-size metric:
+        # queue lengths, KV usage and the forward mode would go unread.
+        step.batch_requests(request_ids, state.preempted)
     state.preempted = 0
-    step.set(semconv.LLM_BATCH_FORWARD_MODE, info.mode)
     _remember(batch, _Pending(batch, step, state, info.mode == "decode" and X.one_token_per_step(batch)))
 
 

@@ -117,16 +117,28 @@ def _begin(scheduler: Any) -> StepRecord | None:
 def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int) -> None:
     state = _state(scheduler)
     step.add_phase("schedule", step.start_ns, end_ns)
-    info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
-    for request_id in info.preempted_ids:
-        handle = state.handles.get(request_id)
+    handles = state.handles
+    if step.sampled:
+        info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
+        scheduled, preempted = info.request_ids, info.preempted_ids
+    else:
+        # An unsampled window's step feeds only its requests' timelines and the batch-size metric:
+        # the prefill/decode split, queue counts and KV usage (a pass over the batch and two calls
+        # into the scheduler, about half of this function's cost) would go unread.
+        scheduled = getattr(output, "num_scheduled_tokens", None) or ()
+        preempted = getattr(output, "preempted_req_ids", None) or ()
+    for request_id in preempted:
+        handle = handles.get(request_id)
         if handle is not None:
             handle.preempted(end_ns)
-    waiting, running = X.queue_counts(scheduler.get_request_counts())
-    step.batch([rid for rid in info.request_ids if rid in state.handles], prefill_tokens=info.prefill_tokens,
-               decode_tokens=info.decode_tokens, waiting=waiting, running=running,
-               kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
-               preempted=len(info.preempted_ids), cached_tokens=info.cached_tokens)
+    request_ids = [rid for rid in scheduled if rid in handles]
+    if step.sampled:
+        waiting, running = X.queue_counts(scheduler.get_request_counts())
+        step.batch(request_ids, prefill_tokens=info.prefill_tokens, decode_tokens=info.decode_tokens,
+                   waiting=waiting, running=running, kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
+                   preempted=len(preempted), cached_tokens=info.cached_tokens)
+    else:
+        step.batch_requests(request_ids, len(preempted))
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
