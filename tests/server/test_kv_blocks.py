@@ -71,3 +71,48 @@ def test_the_scheduler_reports_cached_tokens_and_computes_only_the_rest() -> Non
     second = scheduler.schedule()
     assert (48, 1) == (second.cached_tokens, second.prefill_tokens)
     assert {"a": 0, "b": 48} == {s.request_id: s.cached_tokens for s in second.batch}
+
+
+def test_a_wholly_cached_prompt_pays_for_the_block_it_recomputes() -> None:
+    """The recomputed last block is a block of its own: held while the sequence runs, free after."""
+    blocks = BlockManager(total_blocks=8, block_size=16)
+    blocks.admit("a", SYSTEM, 49)  # 3 cached + 1 private
+    blocks.release("a")
+    assert 8 == blocks.free_capacity
+    assert 32 == blocks.admit("b", SYSTEM, 49)  # 2 shared, the third recomputed, 1 more for the token
+    assert 4 == blocks.held("b")
+    assert 8 - 4 == blocks.free_capacity  # the third system block stays cached, evictable: free
+    blocks.release("b")
+    assert 8 == blocks.free_capacity
+
+
+def test_capacity_is_exact_through_random_admissions_growth_and_releases() -> None:
+    """Shared prefixes, evictions and gaps in cached chains in every order (300 seeded runs): free
+    capacity never exceeds the budget, and is the whole budget again once every sequence is gone."""
+    import random
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        total, size = rng.randint(3, 15), rng.choice([2, 4, 16])
+        blocks = BlockManager(total, size)
+        prefixes = [[rng.randint(0, 3) for _ in range(rng.randint(0, 40))] for _ in range(3)]
+        held: dict[str, int] = {}
+        for n in range(200):
+            action = rng.random()
+            if action < 0.4:
+                prompt = rng.choice(prefixes) + [rng.randint(0, 3) for _ in range(rng.randint(1, 20))]
+                if blocks.admit(f"s{n}", prompt, len(prompt) + 1) is not None:
+                    held[f"s{n}"] = len(prompt) + 1
+            elif action < 0.7 and held:
+                seq = rng.choice(sorted(held))
+                if blocks.grow(seq, held[seq] + 1):
+                    held[seq] += 1
+            elif held:
+                seq = rng.choice(sorted(held))
+                blocks.release(seq)
+                del held[seq]
+            assert blocks.free_capacity <= total, seed
+        for seq in held:
+            blocks.release(seq)
+        assert total == blocks.free_capacity, seed
+

@@ -100,10 +100,13 @@ class BlockManager:
         for h in hashes[hit:]:
             if needed == 0:
                 break
-            if h in self._users:  # cached meanwhile past a computed block: hold it like a new one
+            self._take_block()
+            if h in self._users:
+                # Cached already, but past a block this prompt computes (an earlier block of its
+                # chain was evicted) or the last block of a wholly cached prompt (recomputed): a
+                # block of its own, private.
                 holding.private += 1
             else:
-                self._take_block()
                 self._users[h] = 1
                 holding.cached.append(h)
             needed -= 1
