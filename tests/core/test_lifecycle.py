@@ -316,3 +316,36 @@ def test_cancelled_task_inside_the_request_block_ends_it_as_abort(captured: Capt
     asyncio.run(run())
     (request,) = captured.named(semconv.SPAN_REQUEST)
     assert semconv.FINISH_ABORT == request.attributes[semconv.LLM_REQUEST_FINISH_REASON]
+
+
+FIRST_TOKEN_KEYS = ("queue_s", "prefill_s", "preemptions", "first_step", "cached_tokens", "transferred_tokens")
+
+
+@pytest.mark.parametrize("story", ["first token", "preempted before it", "cached prompt", "never scheduled",
+                                   "aborted in prefill", "unqueued"])
+def test_first_token_summary_is_the_full_summarys_first_token_part(captured: Captured, story: str) -> None:
+    """Known answers for what an engine sends with a request's first token, and the same values as
+    the whole summary's, which it skips computing."""
+    tracker = RequestTracker()
+    handle = tracker.add("f", arrival_ns=0) if story != "unqueued" else start_request("f", arrival_ns=0)
+    expected: dict[str, Any] = {"queue_s": 0.0, "preemptions": 0}
+    if story != "never scheduled":
+        handle.scheduled(step_id=7, at_ns=2 * MS)
+        expected.update(queue_s=0.002 if story != "unqueued" else 0.0, first_step=7)
+    if story == "preempted before it":
+        handle.preempted(at_ns=3 * MS)
+        handle.scheduled(step_id=9, at_ns=5 * MS)
+        expected.update(queue_s=0.004, preemptions=1)
+    if story == "cached prompt":
+        handle.prompt_cached(32, 8)
+        expected.update(cached_tokens=32, transferred_tokens=8)
+    if story == "aborted in prefill":
+        handle.aborted(at_ns=6 * MS)
+        expected["prefill_s"] = 0.004
+    elif story != "never scheduled":
+        handle.token(at_ns=10 * MS)
+        expected["prefill_s"] = 0.008
+    first = handle.first_token_summary()
+    assert expected == pytest.approx(first)
+    full = handle.summary()
+    assert {k: full[k] for k in FIRST_TOKEN_KEYS if k in full} == first

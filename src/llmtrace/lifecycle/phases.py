@@ -102,6 +102,25 @@ def phase_summary(rec: RequestHandle, phases: Phases | None = None) -> dict[str,
     return summary
 
 
+def first_token_summary(rec: RequestHandle) -> dict[str, Any]:
+    """The part of :func:`phase_summary` that is final at a request's first token (queue waits,
+    prefill, preemptions, first step, prompt cache), computed without the rest: an engine sends
+    it with every request's first token, sampled or not."""
+    summary: dict[str, Any] = {"queue_s": queue_ns(rec) * NS, "preemptions": max(0, len(rec.queued_ns) - 1)}
+    if rec.scheduled_ns:
+        # compute_phases' prefill: from the first schedule to the first token (or the end).
+        if rec.token_ns:
+            prefill_end = rec.token_ns[0]
+        else:
+            prefill_end = rec.finish_ns if rec.finish_ns is not None else rec.arrival_ns
+        summary["prefill_s"] = (prefill_end - rec.scheduled_ns[0]) * NS
+    if rec.steps:
+        summary["first_step"] = rec.steps[0]
+    if rec.prompt_cache is not None:
+        summary["cached_tokens"], summary["transferred_tokens"] = rec.prompt_cache
+    return summary
+
+
 def _latency_attributes(rec: RequestHandle, phases: Phases | None) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     end = rec.finish_ns or rec.arrival_ns

@@ -43,8 +43,8 @@ from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
 from llmtrace.lifecycle.pending import RequestSpan
-from llmtrace.lifecycle.phases import build_request_spans
-from llmtrace.lifecycle.propagation import extract
+from llmtrace.lifecycle.phases import build_request_spans, first_token_summary, phase_summary
+from llmtrace.lifecycle.propagation import extract, inject
 from llmtrace.lifecycle.scope import current_scope
 
 log = logging.getLogger("llmtrace")
@@ -272,9 +272,12 @@ class RequestHandle:
 
     def summary(self) -> dict[str, Any]:
         """Durations (never timestamps) an engine sends back to the server that owns ``llm.request``."""
-        from llmtrace.lifecycle.phases import phase_summary
-
         return phase_summary(self)
+
+    def first_token_summary(self) -> dict[str, Any]:
+        """The part of :meth:`summary` that is final at the first token (queue, prefill,
+        preemptions, first step, prompt cache), without computing the rest."""
+        return first_token_summary(self)
 
     # ----------------------------------------------------------------- scope
     def context(self) -> otel_context.Context:
@@ -285,8 +288,6 @@ class RequestHandle:
 
     def carrier(self) -> dict[str, str]:
         """W3C ``traceparent``/``tracestate`` of the request span, for another process."""
-        from llmtrace.lifecycle.propagation import inject
-
         return inject(self.context())
 
     @contextmanager

@@ -174,7 +174,7 @@ def _outputs(reqs: Any) -> None:
             if first and not req.finished():
                 # Queue and prefill are known at the first token: send them now, so that a request
                 # the HTTP server ends itself (a client disconnect) still gets them.
-                X.carry(req.time_stats, summary=X.first_token_summary(handle.summary()))
+                X.carry(req.time_stats, summary=X.first_token_summary(handle.first_token_summary()))
         if req.finished():
             _finished(state, handle, req, now)
 

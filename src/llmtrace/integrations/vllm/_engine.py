@@ -207,7 +207,7 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
                 # Queue and prefill are known at the first token: send them now, so that a request
                 # the API server ends itself (a stop string) still gets them.
                 output.trace_headers = X.with_summary(output.trace_headers,
-                                                      X.first_token_summary(handle.summary()))
+                                                      X.first_token_summary(handle.first_token_summary()))
             continue
         _engine_finished_output(state, output)
     if step is not None:
