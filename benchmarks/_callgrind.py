@@ -93,3 +93,15 @@ def _run_from_ready(command: list[str], go: Path) -> None:
         child.stdout.read()
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command[-4:])}: exit {child.returncode}:\n{log.read_text()[-3000:]}")
+
+
+def print_ratios(counted: dict[str, dict[str, float]], title: str, thread_label: str = "serving thread") -> None:
+    """The table of :func:`per_request`'s counts in thousands, with each arm's ratio to ``untraced``
+    on the serving thread (when that arm ran)."""
+    untraced = counted.get("untraced")
+    print(f"\n{title}")
+    print(f"{'arm':<12} {thread_label:>14} {'all threads':>12} {'ratio':>7}")
+    for arm, count in counted.items():
+        thread, total = count["thread_instructions"], count["all_instructions"]
+        ratio = f"{thread / untraced['thread_instructions']:.3f}" if untraced else "-"
+        print(f"{arm:<12} {thread / 1000:13.1f}k {total / 1000:11.1f}k {ratio:>7}")

@@ -124,7 +124,7 @@ def main() -> int:
     unknown = sorted(set(arms) - set(ARMS))
     if unknown:
         parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
-    from _callgrind import per_request
+    from _callgrind import per_request, print_ratios
 
     from tests.vllm.tiny_model import build
 
@@ -134,14 +134,8 @@ def main() -> int:
                                                   "--steps", str(count), "--model", model,
                                                   *(["--no-gc"] if args.no_gc else [])],
                               arms, args.steps, args.base, jobs=args.jobs, unit="step", from_ready=True)
-    untraced = counted.get("untraced")
-    print(f"\nengine step, {RUNNING} running requests of {OUTPUT_TOKENS} output tokens (callgrind, "
-          f"{args.steps} - {args.base} steps)")
-    print(f"{'arm':<12} {'engine thread':>14} {'all threads':>12} {'ratio':>7}")
-    for arm in arms:
-        thread, total = counted[arm]["thread_instructions"], counted[arm]["all_instructions"]
-        ratio = f"{thread / untraced['thread_instructions']:.3f}" if untraced else "-"
-        print(f"{arm:<12} {thread / 1000:13.1f}k {total / 1000:11.1f}k {ratio:>7}")
+    print_ratios(counted, f"engine step, {RUNNING} running requests of {OUTPUT_TOKENS} output tokens (callgrind, "
+                          f"{args.steps} - {args.base} steps)", "engine thread")
     return 0
 
 

@@ -43,6 +43,10 @@ from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
 INCREMENTAL_DECODE_MAX_TOKENS = 2
 
 _in_tokenizer: contextvars.ContextVar[bool] = contextvars.ContextVar("llmtrace_in_tokenizer", default=False)
+#: The flag :func:`tokenizer_call` sets, for a wrapper on a per-step path to set and reset itself
+#: (``IN_TOKENIZER.set(True)`` ... ``IN_TOKENIZER.reset(token)`` in a ``finally``): a generator
+#: context manager costs several times the two calls.
+IN_TOKENIZER = _in_tokenizer
 
 
 def tokenizer_busy() -> bool:

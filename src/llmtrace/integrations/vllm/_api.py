@@ -8,7 +8,6 @@ the outputs' ``trace_headers`` and ends requests; aborts and engine errors end t
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -17,23 +16,12 @@ from opentelemetry import trace
 
 from llmtrace import semconv
 from llmtrace._safety import guarded
+from llmtrace.integrations._common import IN_TOKENIZER, tokenizer_call
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
 from llmtrace.lifecycle.request import RequestHandle, start_request
-
-
-# --------------------------------------------------------------------------- tokenizer nesting
-def _tokenizer_scope() -> contextlib.AbstractContextManager[Any]:
-    """Inside a render/detokenize, the tokenizers/transformers integrations pass through:
-    the request's ``llm.tokenize`` is this adapter's, measured around vLLM's renderer."""
-    try:
-        from llmtrace.integrations._common import tokenizer_call
-    except ImportError:
-        return contextlib.nullcontext()
-    scope: contextlib.AbstractContextManager[Any] = tokenizer_call()
-    return scope
 
 
 # --------------------------------------------------------------------------- API-server side
@@ -96,7 +84,9 @@ def render_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook
     if inspect.iscoroutinefunction(original):
         async def hook_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             start = monotonic_ns()
-            with _tokenizer_scope():
+            # Inside a render the tokenizer integrations pass through: the request's llm.tokenize is
+            # this adapter's, measured around vLLM's renderer.
+            with tokenizer_call():
                 result = await original(self, *args, **kwargs)
             _note_render(self, start, monotonic_ns(), result)
             return result
@@ -105,7 +95,7 @@ def render_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
-        with _tokenizer_scope():
+        with tokenizer_call():
             result = original(self, *args, **kwargs)
         _note_render(self, start, monotonic_ns(), result)
         return result
@@ -178,24 +168,15 @@ def _close_api(handle: RequestHandle, error: BaseException) -> None:
     handle.aborted(error if isinstance(error, Exception) else None)
 
 
-# The two helpers below run for every output of every engine step. They read vLLM's
-# ``EngineCoreOutput`` fields directly (a msgspec struct whose fields the version range fixes) and
-# keep the per-output path free of helper calls; anything unexpected raises into ``@guarded``.
-@guarded("vllm.api.tokens")
-def _api_tokens(outputs: Any, now: int) -> None:
-    """The tokens of a batch of outputs, as they reach the API server (before vLLM detokenizes them)."""
-    open_requests = API.open
-    for output in outputs:
-        handle = open_requests.get(output.request_id)
-        if handle is not None and (token_ids := output.new_token_ids):
-            handle.token(len(token_ids), now)
-
-
+# The helper below runs for every output of every engine step. It reads vLLM's ``EngineCoreOutput``
+# fields directly (a msgspec struct whose fields the version range fixes) and keeps the
+# per-output path free of helper calls; anything unexpected raises into ``@guarded``.
 @guarded("vllm.api.outputs")
-def _api_after(processor: Any, outputs: Any, duration_ns: int) -> None:
-    """After vLLM processed a batch of outputs: each request's share of the time, the engine's
-    summary where an output carries one, and the requests that ended."""
-    share = duration_ns // len(outputs)
+def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> None:
+    """After vLLM processed a batch of outputs: the tokens as they reached this process (at
+    *start_ns*, before vLLM detokenized them), each request's share of the processing time, the
+    engine's summary where an output carries one, and the requests that ended."""
+    share = (end_ns - start_ns) // len(outputs)
     states = getattr(processor, "request_states", None)
     if not isinstance(states, dict):
         states = None
@@ -205,6 +186,11 @@ def _api_after(processor: Any, outputs: Any, duration_ns: int) -> None:
         handle = open_requests.get(request_id)
         if handle is None:
             continue
+        if token_ids := output.new_token_ids:
+            if len(token_ids) == 1 and handle.finish_ns is None:
+                handle.token_ns.append(start_ns)  # RequestHandle.token(1) inlined
+            else:
+                handle.token(len(token_ids), start_ns)
         handle.detokenize_ns += share  # RequestHandle.detokenized() inlined
         headers = output.trace_headers
         if headers and C.SUMMARY_KEY in headers:  # at the first token (queue, prefill) and at the end (all)
@@ -229,14 +215,15 @@ def process_outputs_hook(original: Callable[..., Any], positions: dict[str, int]
     get_outputs = binder(positions, "engine_core_outputs")
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        outputs = get_outputs(args, kwargs)
         start = monotonic_ns()
-        if outputs:
-            _api_tokens(outputs, start)
-        with _tokenizer_scope():
+        # vLLM detokenizes in here: the tokenizer integrations pass through (tokenizer_call()).
+        busy = IN_TOKENIZER.set(True)
+        try:
             result = original(self, *args, **kwargs)
-        if outputs:
-            _api_after(self, outputs, monotonic_ns() - start)
+        finally:
+            IN_TOKENIZER.reset(busy)
+        if outputs := get_outputs(args, kwargs):
+            _api_outputs(self, outputs, start, monotonic_ns())
         return result
 
     return hook
