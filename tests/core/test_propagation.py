@@ -10,6 +10,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmtrace.lifecycle.propagation import extract, inject
+from tests.core.conftest import Captured
 
 _OTEL = TraceContextTextMapPropagator()
 _TRACE, _SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -63,3 +64,18 @@ def test_inject_writes_the_w3c_propagators_carrier(flags: int, state: TraceState
 
 def test_inject_without_a_valid_span_is_an_empty_carrier() -> None:
     assert {} == inject(otel_context.Context())
+
+
+@pytest.mark.parametrize("parent", [None, *CARRIERS[:3], {"traceparent": f"00-{_TRACE}-{_SPAN}-01",
+                                                         "tracestate": "vendor=1,other=two"}])
+def test_a_requests_carrier_names_its_span_as_the_propagator_would(captured: Captured,
+                                                                  parent: dict[str, str] | None) -> None:
+    """``RequestHandle.carrier()`` reads its span's context directly: the same carrier as OpenTelemetry's
+    propagator writes for the request's context, sampled or not, with the parent's trace state."""
+    from llmtrace import start_request
+
+    handle = start_request("c1", carrier=parent)
+    expected: dict[str, str] = {}
+    _OTEL.inject(expected, context=handle.context())
+    assert expected == handle.carrier()
+    handle.finished()

@@ -29,7 +29,11 @@ _ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 
 def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
     """The carrier for *ctx* (default: the current context); empty when it holds no valid span."""
-    span_context = trace.get_current_span(ctx).get_span_context()
+    return carrier_of(trace.get_current_span(ctx).get_span_context())
+
+
+def carrier_of(span_context: trace.SpanContext) -> dict[str, str]:
+    """The carrier naming *span_context* as the parent; empty when it is not valid."""
     if not span_context.is_valid:
         return {}
     carrier = {"traceparent": f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"

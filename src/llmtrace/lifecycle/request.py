@@ -44,7 +44,7 @@ from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
 from llmtrace.lifecycle.pending import RequestSpan
 from llmtrace.lifecycle.phases import build_request_spans, first_token_summary, phase_summary
-from llmtrace.lifecycle.propagation import extract, inject
+from llmtrace.lifecycle.propagation import carrier_of, extract, inject
 from llmtrace.lifecycle.scope import current_scope
 
 log = logging.getLogger("llmtrace")
@@ -288,6 +288,8 @@ class RequestHandle:
 
     def carrier(self) -> dict[str, str]:
         """W3C ``traceparent``/``tracestate`` of the request span, for another process."""
+        if self.span is not None:  # what context() would hold, without building it (once per request)
+            return carrier_of(self.span.get_span_context())
         return inject(self.context())
 
     @contextmanager

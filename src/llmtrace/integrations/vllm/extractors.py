@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmtrace import semconv
 from llmtrace.integrations._targets import number
@@ -27,9 +27,10 @@ _SUMMARY_FIELDS: dict[str, type] = {"queue_s": float, "prefill_s": float, "decod
                                     "transferred_tokens": int, "draft_tokens": int, "accepted_tokens": int}
 
 
-@dataclass(frozen=True)
-class RequestParams:
-    """What ``llm.request`` records about a request's sampling parameters."""
+class RequestParams(NamedTuple):
+    """What ``llm.request`` records about a request's sampling parameters (a named tuple: made for
+    every request on each side, and a frozen dataclass's per-field ``object.__setattr__`` made it
+    the dearest line of reading a request)."""
 
     request_id: str
     prompt_tokens: int | None
