@@ -3,6 +3,7 @@ VM is not (its speed moved 2x between runs of the same arm on 2026-12-03)."""
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
 import os
 import re
@@ -105,3 +106,23 @@ def print_ratios(counted: dict[str, dict[str, float]], title: str, thread_label:
         thread, total = count["thread_instructions"], count["all_instructions"]
         ratio = f"{thread / untraced['thread_instructions']:.3f}" if untraced else "-"
         print(f"{arm:<12} {thread / 1000:13.1f}k {total / 1000:11.1f}k {ratio:>7}")
+
+
+def step_arguments(parser: argparse.ArgumentParser, arms: Sequence[str]) -> None:
+    """The options of a benchmark counted per step in arms (``--steps``, ``--base``, ``--arms``,
+    ``--jobs``, and the hidden ``--child``/``--model`` of its child runs)."""
+    parser.add_argument("--steps", type=int, default=1200, help="engine steps in the long runs (default 1200)")
+    parser.add_argument("--base", type=int, default=200, help="engine steps in the short runs (default 200)")
+    parser.add_argument("--arms", default=",".join(arms), help=f"comma-separated, of {', '.join(arms)}")
+    parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once (default 2)")
+    parser.add_argument("--child", choices=arms, help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+
+
+def chosen_arms(parser: argparse.ArgumentParser, text: str, arms: Sequence[str]) -> list[str]:
+    """The arms named in *text* (comma-separated); a usage error names any unknown one."""
+    chosen = [arm.strip() for arm in text.split(",") if arm.strip()]
+    unknown = sorted(set(chosen) - set(arms))
+    if unknown:
+        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(arms)}")
+    return chosen

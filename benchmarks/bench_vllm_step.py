@@ -106,25 +106,18 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
 
 
 def main() -> int:
+    from _callgrind import chosen_arms, per_request, print_ratios, step_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1200, help="engine steps in the long runs (default 1200)")
-    parser.add_argument("--base", type=int, default=200, help="engine steps in the short runs (default 200)")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
-    parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once (default 2)")
+    step_arguments(parser, ARMS)
     parser.add_argument("--no-gc", action="store_true",
                         help="garbage collection off in the counted steps: exact, but leaves out what "
                              "llmtrace's allocations add to collections")
-    parser.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.steps, args.model, args.no_gc)
         return 0
-    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
-    from _callgrind import per_request, print_ratios
+    arms = chosen_arms(parser, args.arms, ARMS)
 
     from tests.vllm.tiny_model import build
 
