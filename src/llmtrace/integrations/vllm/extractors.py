@@ -1,4 +1,4 @@
-"""Pure functions from vLLM objects to frozen dataclasses — no OTel, no patching, no GPU.
+"""Pure functions from vLLM objects to immutable records — no OTel, no patching, no GPU.
 
 Each function reads attributes by name and tolerates a missing one (``None`` /
 empty), so that the tests can feed it real vLLM objects built on a CPU and
