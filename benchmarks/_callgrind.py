@@ -96,6 +96,35 @@ def _run_from_ready(command: list[str], go: Path) -> None:
         raise SystemExit(f"{' '.join(command[-4:])}: exit {child.returncode}:\n{log.read_text()[-3000:]}")
 
 
+def process_tree_command(out_dir: Path) -> list[str]:
+    """valgrind's callgrind over a process and every program it starts (multiprocessing's resource
+    tracker left out), one output file per process and thread in *out_dir*, counting nothing until
+    :func:`count_from_now` turns it on; read the counts with :func:`totals_by_process`."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--trace-children-skip-by-arg=*resource_tracker*",
+            "--instr-atstart=no", "--separate-threads=yes", f"--callgrind-out-file={out_dir}/cg.%p"]
+
+
+def count_from_now(pids: Sequence[int]) -> None:
+    """Turn counting on in the callgrind runs *pids* and zero what they counted so far."""
+    for pid in pids:
+        for option in ("--instr=on", "--zero"):
+            subprocess.run(["callgrind_control", option, str(pid)], capture_output=True, check=True)
+
+
+def totals_by_process(out_dir: Path) -> dict[int, int]:
+    """Each process's instructions (all its threads) in its final dump: from :func:`count_from_now`
+    to its exit."""
+    totals: dict[int, int] = {}
+    for path in out_dir.glob("cg.*-*"):
+        match = re.fullmatch(r"cg\.(\d+)-\d+", path.name)  # the final dump of one thread, not an explicit one
+        if match:
+            found = re.findall(r"^(?:summary|totals): (\d+)", path.read_text(), re.MULTILINE)
+            totals[int(match[1])] = totals.get(int(match[1]), 0) + (int(found[-1]) if found else 0)
+    return totals
+
+
 def print_ratios(counted: dict[str, dict[str, float]], title: str, thread_label: str = "serving thread") -> None:
     """The table of :func:`per_request`'s counts in thousands, with each arm's ratio to ``untraced``
     on the serving thread (when that arm ran)."""

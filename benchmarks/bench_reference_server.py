@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import json
 import os
 import statistics
@@ -54,13 +55,25 @@ CONFIGS = {
     "production": {"sample_ratio": 0.1, "engine_sample_ratio": 0.1},
     "full": {},
 }
+#: llmtrace's options under callgrind, which runs the server ~50x slower: engine windows closed by
+#: their step count (256 steps, as under load at full speed), not cut 50x shorter by the wall
+#: clock; the periodic metric export left to the one at shutdown, which the differencing of two
+#: run lengths cancels (every 10 s of wall time it would run once per handful of requests).
+COUNTED_OPTIONS = {"engine_window_s": 3600.0, "metrics_interval_s": 3600.0}
+#: Arms whose instruction counts are mixed into the sampling ratios between them (see
+#: :func:`print_instructions`): a request costs what its sampling decision makes it cost.
+MIXED = {"llmtrace_1": 0.01, "production": 0.1}
 #: The suffix of an arm run with ``--baseline-src``'s llmtrace.
 BASELINE = "baseline"
 #: The arms run by default: the original three; ``--arms`` picks others.
 DEFAULT_ARMS = ("untraced", "full", "production")
+#: The arms counted by default with ``--instructions``: the others are mixed from them.
+COUNTED_ARMS = ("untraced", "llmtrace_0", "full")
 
 
-async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int) -> int:
+async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int, greedy: bool = False) -> int:
+    """Stream *requests* completions of four prompt lengths in turn, *concurrency* at a time; the
+    tokens received. *greedy*: temperature 0, so every run streams the same tokens."""
     import httpx
 
     limit = asyncio.Semaphore(concurrency)
@@ -68,8 +81,10 @@ async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int)
 
     async def one(client: httpx.AsyncClient, index: int) -> None:
         nonlocal tokens
-        body = {"prompt": "benchmark the reference server " * (1 + index % 4), "max_tokens": max_tokens,
-                "stream": True}
+        body: dict[str, object] = {"prompt": "benchmark the reference server " * (1 + index % 4),
+                                   "max_tokens": max_tokens, "stream": True}
+        if greedy:
+            body["temperature"] = 0.0
         async with limit, client.stream("POST", base_url + "/v1/completions", json=body) as response:
             async for line in response.aiter_lines():
                 tokens += line.startswith("data:") and line != "data: [DONE]"
@@ -85,27 +100,36 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _server_cpu_s() -> float:
-    """This process and its children (the engine process): the whole server."""
-    me = os.getpid()
-    total = _cpu_s(me)
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is *pid* (Linux /proc)."""
+    found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                total += _cpu_s(int(entry.name))
-    return total
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
 
 
-def child(config: str, out: str) -> None:
-    """One server, in this (fresh) process: prints its URL, then its CPU time whenever asked."""
+def _server_cpu_s() -> float:
+    """This process and its children (the engine process): the whole server."""
+    me = os.getpid()
+    return _cpu_s(me) + sum(_cpu_s(child) for child in _children(me))
+
+
+def child(config: str, out: str, counted: bool = False) -> None:
+    """One server, in this (fresh) process: prints its URL, then its CPU time whenever asked.
+    *counted*: run under callgrind (:func:`count_server`), with the clocks that valgrind's
+    slowdown would distort taken off (see there)."""
     options = CONFIGS[config]
     if options is not None:
         import llmtrace
 
+        if counted:
+            options = {**options, **COUNTED_OPTIONS}
         llmtrace.instrument(exporter=f"file:{out}", **options)
     from llmtrace.server.app import create_app
     from llmtrace.server.runner import ServerThread
@@ -204,38 +228,111 @@ def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: 
             for server, (tokens, elapsed), b, a in zip(servers, loads, before, after, strict=True)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=96)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--parallel", action="store_true",
-                        help="load all three servers at once in each round (paired ratios: the same noise hits "
-                             "every arm); tokens/s is then shared between them and only the CPU ratio compares")
-    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
-                        help=f"comma-separated arms, untraced first (of {', '.join(CONFIGS)}; "
-                             f"default {','.join(DEFAULT_ARMS)})")
-    parser.add_argument("--baseline-src", metavar="DIR",
-                        help=f"another checkout (e.g. a `git worktree` of main): each traced arm also runs as "
-                             f"ARM@{BASELINE} with that checkout's llmtrace, interleaved in the same rounds")
-    parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
-    parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
-    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        child(args.child, args.out)
-        return
-    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> tuple[dict[str, int], int]:
+    """({"front end": n, "engine": n}, tokens): the instructions of every thread of the server's two
+    processes, from the end of its warm-up until it has served *requests* and shut down (its
+    last spans and metrics exported); a fresh server under callgrind."""
+    import _callgrind
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp, "stderr.log")
+        command = [*_callgrind.process_tree_command(Path(tmp)), sys.executable, __file__, "--child", arm,
+                   "--counted", "--out", str(Path(tmp, "telemetry.jsonl"))]
+        with log.open("w") as errors, subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                                       stderr=errors, text=True) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait()
+                raise SystemExit(f"{arm}: the server did not start under valgrind:\n{log.read_text()[-3000:]}")
+            url = json.loads(line)["url"]
+            asyncio.run(_load(url, concurrency, concurrency, 4))  # warm-up, uncounted
+            time.sleep(1.5)
+            _callgrind.count_from_now([proc.pid, *_children(proc.pid)])  # the resource tracker is not valgrind's
+            # Greedy: sampled, the arms would stream different numbers of tokens (a random model
+            # meets its end-of-text token by chance), and a request's count follows its tokens.
+            tokens = asyncio.run(_load(url, requests, concurrency, max_tokens, greedy=True))
+            proc.stdin.close()  # the server shuts down: the engine and the front end flush their telemetry
+            proc.wait(900)
+        if proc.returncode != 0:
+            raise SystemExit(f"{arm}: the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        totals = _callgrind.totals_by_process(Path(tmp))
+    front_end = totals.pop(proc.pid)
+    totals = {pid: count for pid, count in totals.items() if count}  # a helper started after counting began
+    if len(totals) != 1:
+        raise SystemExit(f"{arm}: expected one engine process under callgrind, found {sorted(totals)}")
+    return {"front end": front_end, "engine": sum(totals.values())}, tokens
+
+
+def instructions(arms: list[str], requests: int, base: int, concurrency: int, max_tokens: int,
+                 jobs: int) -> dict[str, dict[str, float]]:
+    """Instructions per request of each arm, by process: the counts of a *requests* run and a *base*
+    run differenced (start-up, warm-up and shut-down cancel) and divided by their difference;
+    *jobs* servers at once (each its own processes: running side by side changes no count, only
+    how the engine's batches fill, which the differencing of whole waves of requests absorbs)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        runs = {(arm, n): pool.submit(count_server, arm, n, concurrency, max_tokens)
+                for arm in arms for n in (requests, base)}
+    result: dict[str, dict[str, float]] = {}
+    tokens_per_request: dict[str, float] = {}
+    for arm in arms:
+        (high, tokens_high), (low, tokens_low) = runs[arm, requests].result(), runs[arm, base].result()
+        result[arm] = {name: (high[name] - low[name]) / (requests - base) for name in high}
+        result[arm]["server"] = sum(result[arm].values())
+        tokens_per_request[arm] = (tokens_high - tokens_low) / (requests - base)
+        print(f"{arm:<12} {result[arm]['server'] / 1e6:8.3f}M instructions per request "
+              f"({tokens_per_request[arm]:.1f} tokens)", file=sys.stderr)
+    if len(set(tokens_per_request.values())) > 1:
+        print(f"warning: the arms streamed different numbers of tokens per request ({tokens_per_request}); "
+              "their counts do not compare", file=sys.stderr)
+    return result
+
+
+def print_instructions(counted: dict[str, dict[str, float]], requests: int, base: int, concurrency: int,
+                       max_tokens: int) -> None:
+    """The table of :func:`instructions`, with each arm's ratio of the server's total to untraced's.
+    Arms of :data:`MIXED` not measured are mixed from ``llmtrace_0`` and ``full`` when both were:
+    at sampling ratio r a request (and an engine window) costs what an unsampled one does with
+    probability 1 - r and what a traced one does with probability r, so the expected count is
+    the mix; measured directly, a few hundred requests would hold too few sampled ones to say."""
+    rows = dict(counted)
+    if "llmtrace_0" in counted and "full" in counted:
+        for arm, ratio in MIXED.items():
+            if arm not in counted:
+                rows[f"{arm} (mixed)"] = {name: (1 - ratio) * counted["llmtrace_0"][name] + ratio * value
+                                         for name, value in counted["full"].items()}
+    untraced = counted["untraced"]["server"] if "untraced" in counted else None
+    print(f"\nreference server under callgrind: instructions per request (runs of {requests} and {base} "
+          f"streamed requests x {max_tokens} tokens, concurrency {concurrency}, differenced), all threads")
+    print(f"  {'arm':<22} {'front end':>10} {'engine':>10} {'server':>10} {'ratio':>7}")
+    for arm, count in rows.items():
+        shown = f"{count['server'] / untraced:.4f}" if untraced else "-"
+        print(f"  {arm:<22} {count['front end'] / 1e6:9.3f}M {count['engine'] / 1e6:9.3f}M "
+              f"{count['server'] / 1e6:9.3f}M {shown:>7}")
+
+
+def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The arms *args* name, checked (a usage error names what is wrong)."""
+    default_arms = COUNTED_ARMS if args.instructions else DEFAULT_ARMS
+    arms = [arm.strip() for arm in (args.arms or ",".join(default_arms)).split(",") if arm.strip()]
+    if args.instructions and args.baseline_src:
+        parser.error("--baseline-src compares timings; with --instructions run each tree on its own")
+    if args.instructions and args.requests <= args.base:
+        parser.error(f"--requests ({args.requests}) must be more than --base ({args.base})")
     if args.baseline_src and not Path(args.baseline_src, "src", "llmtrace", "__init__.py").is_file():
         parser.error(f"--baseline-src {args.baseline_src}: no src/llmtrace/__init__.py there (give the checkout's "
                      f"root, not its src/)")
     if args.baseline_src:
         arms += [f"{arm}@{BASELINE}" for arm in arms if arm in CONFIGS and arm != "untraced"]
     unknown = [arm for arm in arms if arm.partition("@")[0] not in CONFIGS]
-    if unknown or "untraced" not in arms:
+    if unknown or ("untraced" not in arms and not args.instructions):  # counts compare across runs
         parser.error(f"--arms: {', '.join(unknown) or 'untraced missing'} (known: {', '.join(CONFIGS)}; "
                      "untraced is the baseline and must be one of them)")
+    return arms
+
+
+def timed_rounds(args: argparse.Namespace, arms: list[str]) -> dict[str, dict[str, float]]:
+    """Interleaved rounds of every arm, timed in wall and server CPU; the table of their medians."""
     results: dict[str, list[dict[str, float]]] = {name: [] for name in arms}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(args.rounds):
@@ -268,6 +365,44 @@ def main() -> None:
         print(f"  {name:<10} {values['tokens_per_s']:9.1f} {values['wall_ratio']:6.3f}   "
               f"{values['tokens_per_cpu_s']:19.1f} {values['cpu_ratio']:6.3f}   "
               f"{values['cpu_ms_per_request']:14.2f}   {values['llmtrace_thread_share']:15.2%}")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=96)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--parallel", action="store_true",
+                        help="load all three servers at once in each round (paired ratios: the same noise hits "
+                             "every arm); tokens/s is then shared between them and only the CPU ratio compares")
+    parser.add_argument("--arms", help=f"comma-separated arms, untraced first (of {', '.join(CONFIGS)}; default "
+                                       f"{','.join(DEFAULT_ARMS)}, with --instructions {','.join(COUNTED_ARMS)})")
+    parser.add_argument("--baseline-src", metavar="DIR",
+                        help=f"another checkout (e.g. a `git worktree` of main): each traced arm also runs as "
+                             f"ARM@{BASELINE} with that checkout's llmtrace, interleaved in the same rounds")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per request under valgrind's callgrind instead of timing: every "
+                             "thread of both processes, a run of --requests and one of --base differenced; "
+                             "10 %% and 1 %% sampling mixed from the 0 %% and full arms (slow: minutes per arm)")
+    parser.add_argument("--base", type=int, default=32,
+                        help="with --instructions: requests in the shorter run (default 32)")
+    parser.add_argument("--jobs", type=int, default=2, help="with --instructions: servers counted at once (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
+    parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.out, args.counted)
+        return
+    arms = _arms(parser, args)
+    if args.instructions:
+        summary = instructions(arms, args.requests, args.base, args.concurrency, args.max_tokens, args.jobs)
+        print_instructions(summary, args.requests, args.base, args.concurrency, args.max_tokens)
+    else:
+        summary = timed_rounds(args, arms)
     if args.json:
         print(json.dumps(summary))
 
