@@ -33,8 +33,8 @@ from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _server_span
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
-from llmtrace.lifecycle.request import current_request
-from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, current_scope
+from llmtrace.lifecycle.request import get_request
+from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, get_scope
 
 #: Set while a traced tokenizer call runs: the library's own nested calls
 #: (transformers -> tokenizers, encode -> __call__ -> encode_batch) pass straight through.
@@ -77,9 +77,9 @@ def capture_text(text: Any) -> str | None:
 def span_tree_offset(end_ns: int) -> int:
     """The wall-minus-monotonic offset for a span made now, ending at *end_ns*: the current
     request's or server call's (one span tree, one offset: lifecycle/clock.py), else a recent one."""
-    if (handle := current_request()) is not None:
+    if (handle := get_request()) is not None:
         return handle.wall_offset_ns
-    if (scope := current_scope()) is not None:
+    if (scope := get_scope()) is not None:
         return scope.wall_offset_ns
     return recent_offset_ns(end_ns)
 
@@ -110,13 +110,13 @@ def _current_span_recording() -> bool:
 def record_tokenize(start_ns: int, end_ns: int, tokens: int, batch: int, tokenizer_class: str,
                     text: str | None = None, error: BaseException | None = None) -> None:
     """Report one user-level encode (see the module docstring for where it goes)."""
-    handle = current_request()
+    handle = get_request()
     if handle is not None and error is None:
         handle.tokenized(tokens, start_ns, end_ns)
         if text is not None and handle.prompt is None:
             handle.prompt = text
         return
-    scope = current_scope()
+    scope = get_scope()
     if scope is not None and not scope.closed and error is None:
         scope.park(PendingTokenize(start_ns, end_ns, tokens, batch, tokenizer_class, text))
         return
@@ -153,13 +153,13 @@ class DecodeCall(NamedTuple):
 def record_detokenize(start_ns: int, end_ns: int, call: DecodeCall) -> None:
     """Report one user-level decode."""
     duration, error = end_ns - start_ns, call.error
-    handle = current_request()
+    handle = get_request()
     if handle is not None:
         handle.detokenized(duration)
         if error is not None:
             live_span(semconv.SPAN_DETOKENIZE, handle.context(), start_ns, end_ns, call.attributes(), error)
         return
-    scope = current_scope()
+    scope = get_scope()
     if scope is not None and (target := _deferred_request(scope)) is not None:
         target.detokenized(duration)
         if (text := capture_text(call.result)) is not None:
@@ -270,10 +270,10 @@ def _decode_observed() -> bool:
     at 10% sampling — a streamed response's per-token decodes run untimed (~5 µs a token
     saved, docs/performance.md). Never raises into the host's decode: when in doubt, time it."""
     try:
-        handle = current_request()
+        handle = get_request()
         if handle is not None:
             return handle.recording
-        scope = current_scope()
+        scope = get_scope()
         if scope is not None:
             return scope.recording()
         return _current_span_recording()

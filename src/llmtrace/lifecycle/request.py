@@ -29,7 +29,7 @@ import asyncio
 import contextvars
 import logging
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -322,6 +322,11 @@ class RequestHandle:
 def current_request() -> RequestHandle | None:
     """The request whose scope this code runs in, if any (contextvars: survives asyncio tasks)."""
     return _current_request.get()
+
+
+#: :func:`current_request` as the context variable's own method, without a Python frame: for
+#: hooks asked once per streamed token.
+get_request: Callable[[], RequestHandle | None] = _current_request.get
 
 
 def _request_attributes(model: str | None, max_tokens: int | None, temperature: float | None,

@@ -176,6 +176,8 @@ def current_scope() -> ServerScope | None:
     return _current_scope.get()
 
 
+#: :func:`current_scope` without its Python frame: for hooks asked once per streamed token.
+get_scope: Callable[[], ServerScope | None] = _current_scope.get
 #: Make *scope* the current one; returns the token :func:`exit_scope` takes. The context
 #: variable's own methods, bound: a network integration calls them once per call, without a frame.
 enter_scope: Callable[[ServerScope], contextvars.Token[ServerScope | None]] = _current_scope.set
