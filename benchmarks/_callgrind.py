@@ -113,15 +113,24 @@ def count_from_now(pids: Sequence[int]) -> None:
             subprocess.run(["callgrind_control", option, str(pid)], capture_output=True, check=True)
 
 
-def totals_by_process(out_dir: Path) -> dict[int, int]:
-    """Each process's instructions (all its threads) in its final dump: from :func:`count_from_now`
-    to its exit."""
-    totals: dict[int, int] = {}
+def totals_by_thread(out_dir: Path) -> dict[tuple[int, int], int]:
+    """Each thread's instructions in its process's final dump, by (pid, valgrind's thread number):
+    from :func:`count_from_now` to the process's exit. Thread numbers go by creation, and
+    valgrind gives a finished thread's number to the next one."""
+    totals: dict[tuple[int, int], int] = {}
     for path in out_dir.glob("cg.*-*"):
-        match = re.fullmatch(r"cg\.(\d+)-\d+", path.name)  # the final dump of one thread, not an explicit one
+        match = re.fullmatch(r"cg\.(\d+)-(\d+)", path.name)  # a final dump, not an explicit one
         if match:
             found = re.findall(r"^(?:summary|totals): (\d+)", path.read_text(), re.MULTILINE)
-            totals[int(match[1])] = totals.get(int(match[1]), 0) + (int(found[-1]) if found else 0)
+            totals[int(match[1]), int(match[2])] = int(found[-1]) if found else 0
+    return totals
+
+
+def totals_by_process(out_dir: Path) -> dict[int, int]:
+    """Each process's instructions, all its threads (:func:`totals_by_thread`)."""
+    totals: dict[int, int] = {}
+    for (pid, _), count in totals_by_thread(out_dir).items():
+        totals[pid] = totals.get(pid, 0) + count
     return totals
 
 

@@ -238,9 +238,9 @@ def measure(configs: list[str], tmp: str, tag: str, requests: int, concurrency: 
 
 
 def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> tuple[dict[str, int], int]:
-    """({"front end": n, "engine": n}, tokens): the instructions of every thread of the server's two
-    processes, from the end of its warm-up until it has served *requests* and shut down (its
-    last spans and metrics exported); a fresh server under callgrind."""
+    """({"front end": n, "engine": n, "front end thread 3": n, ...}, tokens): the instructions of
+    every thread of the server's two processes, from the end of its warm-up until it has served
+    *requests* and shut down (its last spans and metrics exported); a fresh server under callgrind."""
     import _callgrind
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,6 +265,7 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
             proc.wait(900)
         if proc.returncode != 0:
             raise SystemExit(f"{arm}: the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        threads = _callgrind.totals_by_thread(Path(tmp))
         totals = _callgrind.totals_by_process(Path(tmp))
     front_end = totals.pop(proc.pid)
     totals = {pid: count for pid, count in totals.items() if count}  # a helper started after counting began
@@ -273,7 +274,10 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
         # in time (ENGINE_STOP_TIMEOUT_S, on a machine too busy for valgrind) leaves none.
         raise SystemExit(f"{arm}: expected the counts of one engine process, found {len(totals)} (was it killed "
                          f"at shutdown? run on a machine not otherwise busy, or with fewer --jobs)")
-    return {"front end": front_end, "engine": sum(totals.values())}, tokens
+    (engine,) = totals
+    by_thread = {f"{'front end' if pid == proc.pid else 'engine'} thread {number}": count
+                 for (pid, number), count in sorted(threads.items()) if pid in (proc.pid, engine)}
+    return {"front end": front_end, "engine": totals[engine], **by_thread}, tokens
 
 
 def instructions(arms: list[str], requests: int, base: int, concurrency: int, max_tokens: int,
@@ -289,11 +293,14 @@ def instructions(arms: list[str], requests: int, base: int, concurrency: int, ma
     tokens_per_request: dict[str, float] = {}
     for arm in arms:
         (high, tokens_high), (low, tokens_low) = runs[arm, requests].result(), runs[arm, base].result()
-        result[arm] = {name: (high[name] - low[name]) / (requests - base) for name in high}
-        result[arm]["server"] = sum(result[arm].values())
+        result[arm] = {name: (high.get(name, 0) - low.get(name, 0)) / (requests - base)
+                       for name in sorted(high.keys() | low.keys())}
+        result[arm]["server"] = result[arm]["front end"] + result[arm]["engine"]
         tokens_per_request[arm] = (tokens_high - tokens_low) / (requests - base)
         print(f"{arm:<12} {result[arm]['server'] / 1e6:8.3f}M instructions per request "
-              f"({tokens_per_request[arm]:.1f} tokens)", file=sys.stderr)
+              f"({tokens_per_request[arm]:.1f} tokens); by thread: "
+              + ", ".join(f"{name.replace(' thread ', ' #')} {count / 1e3:.0f}k" for name, count in result[arm].items()
+                          if " thread " in name and abs(count) >= 1000), file=sys.stderr)
     if len(set(tokens_per_request.values())) > 1:
         print(f"warning: the arms streamed different numbers of tokens per request ({tokens_per_request}); "
               "their counts do not compare", file=sys.stderr)
@@ -311,8 +318,9 @@ def print_instructions(counted: dict[str, dict[str, float]], requests: int, base
     if "llmtrace_0" in counted and "full" in counted:
         for arm, ratio in MIXED.items():
             if arm not in counted:
-                rows[f"{arm} (mixed)"] = {name: (1 - ratio) * counted["llmtrace_0"][name] + ratio * value
-                                         for name, value in counted["full"].items()}
+                off, full = counted["llmtrace_0"], counted["full"]
+                rows[f"{arm} (mixed)"] = {name: (1 - ratio) * off[name] + ratio * full[name]
+                                         for name in ("front end", "engine", "server")}
     untraced = counted["untraced"]["server"] if "untraced" in counted else None
     print(f"\nreference server under callgrind: instructions per request (runs of {requests} and {base} "
           f"streamed requests x {max_tokens} tokens, concurrency {concurrency}, differenced), all threads")
