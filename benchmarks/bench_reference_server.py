@@ -285,7 +285,7 @@ def instructions(arms: list[str], requests: int, base: int, concurrency: int, ma
     """Instructions per request of each arm, by process: the counts of a *requests* run and a *base*
     run differenced (start-up, warm-up and shut-down cancel) and divided by their difference;
     *jobs* servers at once (each its own processes: running side by side changes no count, only
-    how the engine's batches fill, which the differencing of whole waves of requests absorbs)."""
+    how the engine's batches fill — which moves the engine's count between any two runs)."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         runs = {(arm, n): pool.submit(count_server, arm, n, concurrency, max_tokens)
                 for arm in arms for n in (requests, base)}
