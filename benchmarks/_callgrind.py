@@ -99,7 +99,7 @@ def _run_from_ready(command: list[str], go: Path) -> None:
 def process_tree_command(out_dir: Path) -> list[str]:
     """valgrind's callgrind over a process and every program it starts (multiprocessing's resource
     tracker left out), one output file per process and thread in *out_dir*, counting nothing until
-    :func:`count_from_now` turns it on; read the counts with :func:`totals_by_process`."""
+    :func:`count_from_now` turns it on; read the counts with :func:`totals_by_thread`."""
     if shutil.which("valgrind") is None:
         raise SystemExit("--instructions needs valgrind (apt install valgrind)")
     return ["valgrind", "--tool=callgrind", "--trace-children=yes", "--trace-children-skip-by-arg=*resource_tracker*",
@@ -123,14 +123,6 @@ def totals_by_thread(out_dir: Path) -> dict[tuple[int, int], int]:
         if match:
             found = re.findall(r"^(?:summary|totals): (\d+)", path.read_text(), re.MULTILINE)
             totals[int(match[1]), int(match[2])] = int(found[-1]) if found else 0
-    return totals
-
-
-def totals_by_process(out_dir: Path) -> dict[int, int]:
-    """Each process's instructions, all its threads (:func:`totals_by_thread`)."""
-    totals: dict[int, int] = {}
-    for (pid, _), count in totals_by_thread(out_dir).items():
-        totals[pid] = totals.get(pid, 0) + count
     return totals
 
 

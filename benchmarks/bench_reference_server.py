@@ -266,7 +266,9 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
         if proc.returncode != 0:
             raise SystemExit(f"{arm}: the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         threads = _callgrind.totals_by_thread(Path(tmp))
-        totals = _callgrind.totals_by_process(Path(tmp))
+    totals: dict[int, int] = {}
+    for (pid, _), count in threads.items():
+        totals[pid] = totals.get(pid, 0) + count
     front_end = totals.pop(proc.pid)
     totals = {pid: count for pid, count in totals.items() if count}  # a helper started after counting began
     if len(totals) != 1:
