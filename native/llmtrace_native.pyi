@@ -6,7 +6,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "TokenizerMethod", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans", "tokenizer_method"]
 
 #: Bumped with ``llmtrace._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
@@ -145,6 +145,26 @@ def asgi_send(downstream: Callable[[Any], Any], observe: Callable[[Any], Any]) -
     ``http.response.body`` with a non-empty ``body``, a message that is an exact ``dict`` with a
     true ``more_body`` goes to ``downstream`` directly; every other message to ``observe``.
     Returns what the callee returns (the server's awaitable)."""
+
+@final
+class TokenizerMethod:
+    """A tokenizer method llmtrace put on a class (``tokenizer_method``): binds like a function;
+    carries a ``__dict__`` (``functools.update_wrapper``'s attributes, llmtrace's patch marker)."""
+
+    def __get__(self, instance: object, owner: type | None = None, /) -> Callable[..., Any]: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+def tokenizer_method(
+    original: Callable[..., Any],
+    fallback: Callable[..., Any],
+    in_tokenizer: Any,
+    observe: tuple[Any, Any] | None = None,
+) -> TokenizerMethod:
+    """The method put in place of a tokenizer's ``original`` (native/src/tokenizer_method.rs): a call
+    while ``in_tokenizer`` (a ``ContextVar[bool]``) is true goes to ``original`` as it came; with
+    ``observe`` = ``(request_var, scope_var)``, a call whose current request — or, with none, server
+    scope — has a false ``recording`` goes to ``original`` with ``in_tokenizer`` set around it;
+    every other call to ``fallback``, the Python method."""
 
 def classify_gaps(
     engine_id: str,

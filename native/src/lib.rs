@@ -17,7 +17,8 @@
 //! (`gpu_idle.rs`) and the critical-path walk (`critical_path.rs`), driven by
 //! `analysis/_kernels.py` (the engine table's own wrapper is `analysis/engine_table.py`), and
 //! the Chrome trace writer (`chrome/`). The serving side's: the exporters' OTLP/JSON encoder
-//! (`otlp_json.rs`) and the ASGI middlewares' `send` (`asgi_send.rs`). `llmtrace/_native.py`
+//! (`otlp_json.rs`), the ASGI middlewares' `send` (`asgi_send.rs`) and the tokenizer
+//! integrations' pass-through methods (`tokenizer_method.rs`). `llmtrace/_native.py`
 //! loads this module for all of them; `llmtrace_native.pyi` types every export.
 
 // Every `unsafe` block says why it is sound (`// SAFETY:`), and an `unsafe fn` marks each
@@ -907,18 +908,21 @@ mod named_tuple;
 mod otlp_json;
 mod scan;
 mod table;
+mod tokenizer_method;
 
 #[pymodule]
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 7)?;
+    m.add("ABI_VERSION", 8)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
     m.add_class::<chrome::ChromeTraceEvents>()?;
     m.add_class::<otlp_json::OtlpJsonEncoder>()?;
     m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
+    m.add_class::<tokenizer_method::TokenizerMethod>()?;
+    m.add_function(wrap_pyfunction!(tokenizer_method::tokenizer_method, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;

@@ -194,9 +194,9 @@ def test_the_tracer_is_made_once_per_provider(runtime_with: Any) -> None:
     assert [] == first.named(semconv.SPAN_REQUEST)
 
 
-def test_server_scope_recording_is_cached_until_a_request_registers(captured: Captured) -> None:
-    """A streamed decode asks its server call whether anything in it is sampled, once per token: the
-    answer is kept, and a request opened in the call later is taken into account."""
+def test_server_scope_recording_follows_the_requests_that_register(captured: Captured) -> None:
+    """A streamed decode asks its server call whether anything in it is sampled, once per token (a
+    plain attribute): a request opened in the call later, sampled, makes it true."""
     from llmtrace.lifecycle.scope import ServerScope, enter_scope, exit_scope
 
     trace_id, parent_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -205,11 +205,11 @@ def test_server_scope_recording_is_cached_until_a_request_registers(captured: Ca
     scope = ServerScope(context=extract(dropped))
     token = enter_scope(scope)
     try:
-        assert not scope.recording()
+        assert not scope.recording
         first = start_request("dropped", carrier=dropped)
-        assert not first.recording and not scope.recording()
+        assert not first.recording and not scope.recording
         second = start_request("kept", carrier=kept)
-        assert second.recording and scope.recording()
+        assert second.recording and scope.recording
     finally:
         exit_scope(token)
     first.finished()

@@ -13,6 +13,18 @@ from llmtrace import semconv
 pytestmark = pytest.mark.torch
 
 
+@pytest.fixture(autouse=True, params=["native", "python"])
+def tokenizer_methods(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with both forms of the patched methods: the compiled one
+    (native/src/tokenizer_method.rs, where llmtrace-native is built) and the Python reference."""
+    from llmtrace import _native
+
+    if request.param == "native" and _native.load() is None:
+        pytest.skip("llmtrace-native is not built: the compiled tokenizer methods are not in use")
+    monkeypatch.setenv("LLMTRACE_NATIVE_TOKENIZER", request.param)
+    return str(request.param)
+
+
 def _raw(tokenizer: Any) -> Any:
     return tokenizer.backend_tokenizer
 

@@ -29,12 +29,12 @@ from typing import Any, NamedTuple
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Status, StatusCode
 
-from llmtrace import _runtime, semconv
+from llmtrace import _native, _runtime, semconv
 from llmtrace._safety import guarded, record_error
 from llmtrace.integrations import _server_span
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
-from llmtrace.lifecycle.request import get_request
-from llmtrace.lifecycle.scope import PendingTokenize, ServerScope, get_scope
+from llmtrace.lifecycle.request import REQUEST_VAR, get_request
+from llmtrace.lifecycle.scope import SCOPE_VAR, PendingTokenize, ServerScope, get_scope
 
 #: Set while a traced tokenizer call runs: the library's own nested calls
 #: (transformers -> tokenizers, encode -> __call__ -> encode_batch) pass straight through.
@@ -209,7 +209,13 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
     straight through), then reports through *after(original, instance, args, kwargs, result,
     start_ns, error)*. When *observed* says nothing would record the call, it passes straight
     through too. A plain function rather than a wrapt proxy: a streamed response decodes once
-    per token."""
+    per token.
+
+    Where llmtrace-native is built, the method put on the class is its compiled form
+    (``tokenizer_method``, native/src/tokenizer_method.rs), which takes the pass-through cases
+    itself — a nested call, an unobserved decode — and hands every other call to this Python
+    method, the reference: a streamed token at 0 % sampling costs no Python frame of llmtrace's.
+    ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone."""
 
     def make(original: Any) -> Any:
         @functools.wraps(original)
@@ -236,7 +242,14 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
             after(original, self, args, kwargs, result, start, None)
             return result
 
-        return method
+        native = _native.chosen_by("LLMTRACE_NATIVE_TOKENIZER")
+        if native is None:
+            return method
+        # The compiled method asks what _decode_observed asks first, from the same variables.
+        compiled = native.tokenizer_method(original, method, _in_tokenizer,
+                                           None if observed is None else (REQUEST_VAR, SCOPE_VAR))
+        functools.update_wrapper(compiled, original)
+        return compiled
 
     return make
 
@@ -275,7 +288,7 @@ def _decode_observed() -> bool:
             return handle.recording
         scope = get_scope()
         if scope is not None:
-            return scope.recording()
+            return scope.recording
         return _current_span_recording()
     except Exception as exc:  # noqa: BLE001 - counted; the decode is then timed as before
         record_error("detokenize.observed", exc)

@@ -43,7 +43,8 @@ class Exchange:
             offset = offset_ns()
             arrival_ns = min(to_mono_ns(started, offset), monotonic_ns()) if isinstance(started, int) else None
         self.span = span
-        self.scope = ServerScope(arrival_ns=arrival_ns, context=context, wall_offset_ns=offset)
+        self.scope = ServerScope(arrival_ns=arrival_ns, context=context, wall_offset_ns=offset,
+                                 recording=span.is_recording())
         self.complete = False
         self._token: contextvars.Token[ServerScope | None] | None = None
         self._exchange_token: contextvars.Token[Exchange | None] | None = None

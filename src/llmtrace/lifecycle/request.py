@@ -324,6 +324,8 @@ def current_request() -> RequestHandle | None:
     return _current_request.get()
 
 
+#: The context variable itself, for compiled hooks that read it (llmtrace-native's tokenizer methods).
+REQUEST_VAR = _current_request
 #: :func:`current_request` as the context variable's own method, without a Python frame: for
 #: hooks asked once per streamed token.
 get_request: Callable[[], RequestHandle | None] = _current_request.get

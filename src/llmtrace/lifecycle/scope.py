@@ -71,11 +71,11 @@ _NO_DEFERRED: dict[int, DeferredFinish] = {}  # a read-only sentinel: only defer
 class ServerScope:
     """One incoming call, from the network handler's point of view."""
 
-    __slots__ = ("_recording", "_recording_for", "arrival_ns", "closed", "closed_ns", "context", "deferred",
-                 "first_byte_ns", "handles", "pending", "wall_offset_ns")
+    __slots__ = ("arrival_ns", "closed", "closed_ns", "context", "deferred", "first_byte_ns", "handles", "pending",
+                 "recording", "wall_offset_ns")
 
     def __init__(self, arrival_ns: int | None = None, context: otel_context.Context | None = None,
-                 wall_offset_ns: int | None = None) -> None:
+                 wall_offset_ns: int | None = None, recording: bool | None = None) -> None:
         self.arrival_ns = monotonic_ns() if arrival_ns is None else arrival_ns
         #: The offset this call's spans are converted with, the requests opened in it included
         #: (one span tree, one offset: see lifecycle/clock.py).
@@ -87,11 +87,18 @@ class ServerScope:
         self.first_byte_ns: int | None = None
         self.closed = False
         self.closed_ns: int | None = None
-        self._recording = False
-        self._recording_for = -1  # len(handles) when _recording was computed: -1, never
+        #: Whether anything of this call is sampled: its span (the SERVER span; *recording*, or
+        #: read from *context*) or a request opened in it. A plain attribute, kept by
+        #: :meth:`register`: it is read per streamed token (a decode's time is only worth taking
+        #: when it lands on a span), by the compiled tokenizer methods too; a span's sampling
+        #: decision never changes.
+        self.recording = (trace.get_current_span(self.context).is_recording() if recording is None
+                          else recording)
 
     # ------------------------------------------------------------------ requests
     def register(self, handle: RequestHandle) -> None:
+        if handle.recording:
+            self.recording = True
         if self.handles:
             self.handles.append(handle)  # non-empty: the scope's own list (an empty tuple is falsy)
         else:
@@ -103,17 +110,6 @@ class ServerScope:
             self.pending.append(encode)  # non-empty: the scope's own list (an empty tuple is falsy)
         else:
             self.pending = [encode]
-
-    def recording(self) -> bool:
-        """Whether anything of this call is sampled: its span (the SERVER span) or a request
-        opened in it. Asked per streamed token (a decode's time is only worth taking when it
-        lands on a span), so cached until another request registers; a span's sampling
-        decision never changes."""
-        if self._recording_for != len(self.handles):
-            self._recording = (trace.get_current_span(self.context).is_recording()
-                               or any(handle.recording for handle in self.handles))
-            self._recording_for = len(self.handles)
-        return self._recording
 
     def open_handles(self) -> list[RequestHandle]:
         return [h for h in self.handles if h.finish_ns is None]
@@ -176,6 +172,8 @@ def current_scope() -> ServerScope | None:
     return _current_scope.get()
 
 
+#: The context variable itself, for compiled hooks that read it (llmtrace-native's tokenizer methods).
+SCOPE_VAR = _current_scope
 #: :func:`current_scope` without its Python frame: for hooks asked once per streamed token.
 get_scope: Callable[[], ServerScope | None] = _current_scope.get
 #: Make *scope* the current one; returns the token :func:`exit_scope` takes. The context

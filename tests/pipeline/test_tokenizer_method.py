@@ -1,0 +1,131 @@
+"""The compiled tokenizer method (llmtrace-native's ``tokenizer_method``) on its own: how it binds,
+which calls it takes itself and which it hands to the Python method, and that it never turns a
+failure of llmtrace's into the host's. The tokenizer integrations' behaviour with it in place is
+tested in test_tokenizers.py, once with each form."""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+from typing import Any
+
+import pytest
+
+from llmtrace import _native
+
+NATIVE = _native.load()
+pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmtrace-native is not built (no Rust toolchain)")
+
+
+class Observed:
+    def __init__(self, recording: Any) -> None:
+        self.recording = recording
+
+
+class Broken:
+    @property
+    def recording(self) -> bool:
+        raise RuntimeError("recording unreadable")
+
+
+class Harness:
+    """A class with one method replaced the way the integrations replace it; what reached the
+    original and the Python fallback, and the flag each saw."""
+
+    def __init__(self, observe: bool = True, fail: bool = False) -> None:
+        self.flag: contextvars.ContextVar[bool] = contextvars.ContextVar("flag", default=False)
+        self.request: contextvars.ContextVar[Any] = contextvars.ContextVar("request", default=None)
+        self.scope: contextvars.ContextVar[Any] = contextvars.ContextVar("scope", default=None)
+        self.original_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], bool]] = []
+        self.fallback_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        harness = self
+
+        def decode(self: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
+            """The library's own decode."""
+            harness.original_calls.append((self, (ids,), {"skip_special_tokens": skip_special_tokens},
+                                           harness.flag.get()))
+            if fail:
+                raise ValueError("bad ids")
+            return " ".join(map(str, ids))
+
+        def fallback(self: Any, *args: Any, **kwargs: Any) -> str:
+            harness.fallback_calls.append((self, args, kwargs))
+            return "fallback"
+
+        self.original = decode
+        self.method = NATIVE.tokenizer_method(decode, fallback, self.flag,
+                                              (self.request, self.scope) if observe else None)
+        functools.update_wrapper(self.method, decode)
+        self.cls: Any = type("Tokenizer", (), {"decode": self.method})
+
+
+def test_binds_like_a_function_and_keeps_the_original_s_signature() -> None:
+    """``instance.decode(...)`` gets the instance first; ``Class.decode`` is the method itself and
+    callable with the instance; introspection follows ``__wrapped__`` to the original."""
+    harness = Harness()
+    instance = harness.cls()
+    assert harness.cls.decode is harness.method
+    assert harness.method.__wrapped__ is harness.original
+    assert harness.method.__name__ == "decode" and harness.method.__doc__ == "The library's own decode."
+    assert inspect.signature(harness.cls.decode) == inspect.signature(harness.original)
+    assert "(*args, **kwargs)" == str(inspect.signature(instance.decode))  # answers, never raises
+    harness.request.set(Observed(False))
+    assert instance.decode([1, 2], skip_special_tokens=True) == "1 2"
+    assert harness.cls.decode(instance, [3]) == "3"
+    assert [(instance, ([1, 2],), {"skip_special_tokens": True}), (instance, ([3],), {"skip_special_tokens": False})] \
+        == [call[:3] for call in harness.original_calls]
+
+
+def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None:
+    """An unsampled request current (or, with none, an unsampled server scope): the original runs
+    at once, its nested calls see the flag, and the flag is back to false afterwards."""
+    for var in ("request", "scope"):
+        harness = Harness()
+        getattr(harness, var).set(Observed(False))
+        assert harness.cls().decode([7]) == "7"
+        assert [True] == [call[3] for call in harness.original_calls]
+        assert [] == harness.fallback_calls
+        assert harness.flag.get() is False
+
+
+def test_a_request_is_asked_before_the_scope() -> None:
+    """A sampled request inside an unsampled call is observed: the Python method times it."""
+    harness = Harness()
+    harness.scope.set(Observed(False))
+    harness.request.set(Observed(True))
+    assert harness.cls().decode([7]) == "fallback"
+    assert [] == harness.original_calls and 1 == len(harness.fallback_calls)
+
+
+def test_a_nested_call_passes_through_untouched() -> None:
+    """The flag set (an outer tokenizer call llmtrace handles): the original, never the fallback,
+    even for a method that times every call."""
+    harness = Harness(observe=False)
+    harness.flag.set(True)
+    assert harness.cls().decode([1]) == "1"
+    assert [] == harness.fallback_calls
+
+
+def test_the_python_method_decides_what_the_compiled_one_cannot() -> None:
+    """No request or scope current, a method timed on every call (encode), an observed call, or a
+    `recording` that cannot be read: the Python method gets the call as it came, and no error of
+    reading leaks into the host's call."""
+    cases = [Harness(), Harness(observe=False), Harness(), Harness()]
+    cases[1].request.set(Observed(False))
+    cases[2].scope.set(Observed(True))
+    cases[3].request.set(Broken())
+    for harness in cases:
+        instance = harness.cls()
+        assert instance.decode([1], skip_special_tokens=True) == "fallback"
+        assert [(instance, ([1],), {"skip_special_tokens": True})] == harness.fallback_calls
+        assert [] == harness.original_calls
+
+
+def test_the_original_s_exception_reaches_the_caller_and_the_flag_is_reset() -> None:
+    harness = Harness(fail=True)
+    harness.request.set(Observed(False))
+    with pytest.raises(ValueError, match="bad ids"):
+        harness.cls().decode([1])
+    assert harness.flag.get() is False
+    assert [True] == [call[3] for call in harness.original_calls]
