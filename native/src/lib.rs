@@ -921,7 +921,7 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<chrome::ChromeTraceEvents>()?;
     m.add_class::<otlp_json::OtlpJsonEncoder>()?;
     m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
-    m.add_class::<tokenizer_method::TokenizerMethod>()?;
+    m.add("TokenizerMethod", tokenizer_method::method_type(m.py())?)?;
     m.add_function(wrap_pyfunction!(tokenizer_method::tokenizer_method, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;

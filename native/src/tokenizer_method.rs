@@ -19,121 +19,164 @@
 //!    decode with neither a request nor a scope current, and any error while looking (the
 //!    Python method then decides, and counts the error).
 //!
-//! Binding: the object put on the class is a `TokenizerMethod`, a descriptor whose `__get__`
-//! returns a bound method of the builtin, so `tokenizer.decode(ids)` reaches the builtin with
-//! the instance as its first argument and the caller's arguments untouched (vectorcall). It
-//! carries a `__dict__` for `functools.update_wrapper` (`__wrapped__`, `__name__`, ...) and
-//! llmtrace's patch marker. Its body makes only C-API calls, none of which can panic.
+//! Binding: the object put on the class is a `TokenizerMethod`, a type made here with the C API
+//! (pyo3's classes cannot be called by vectorcall) that binds as Python functions do: it is a
+//! method descriptor (`Py_TPFLAGS_METHOD_DESCRIPTOR`), so `tokenizer.decode(ids)` calls it with
+//! the instance as its first argument and the caller's arguments untouched, with no bound method
+//! made per call; `__get__` makes one for any other access (`f = tokenizer.decode`). It carries a
+//! `__dict__` for `functools.update_wrapper` (`__wrapped__`, `__name__`, ...) and llmtrace's patch
+//! marker. Its call makes only C-API calls, none of which can panic.
 
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::OnceLock;
+
+use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple};
-use pyo3::{PyTraverseError, PyVisit};
+use pyo3::types::{PyString, PyType};
 
 extern "C" {
     /// CPython's bound-method constructor (`types.MethodType(func, self)`), not in pyo3-ffi.
     fn PyMethod_New(func: *mut ffi::PyObject, self_: *mut ffi::PyObject) -> *mut ffi::PyObject;
 }
 
-/// What the builtin reads: the method it stands in for and how llmtrace decides about a call.
-#[pyclass(module = "llmtrace_native", frozen)]
-pub(crate) struct MethodState {
+/// A `TokenizerMethod`'s memory: the object header, then what the type's members and calls read.
+/// Every object pointer is a strong reference, NULL only for an absent `observe` (and after a
+/// clear by the cycle collector).
+#[repr(C)]
+struct RawMethod {
+    ob_base: ffi::PyObject,
+    /// The call (`__vectorcalloffset__` points here).
+    vectorcall: Option<ffi::vectorcallfunc>,
+    /// The instance `__dict__` (`__dictoffset__` points here).
+    dict: *mut ffi::PyObject,
     /// The tokenizer's own method.
-    original: Py<PyAny>,
+    original: *mut ffi::PyObject,
     /// The Python method this one short-cuts (`_timed_tokenizer_method`'s), for every other call.
-    fallback: Py<PyAny>,
+    fallback: *mut ffi::PyObject,
     /// `ContextVar[bool]`: true while a tokenizer call llmtrace handles runs.
-    in_tokenizer: Py<PyAny>,
-    /// `(request_var, scope_var)` for a method whose calls are timed only when observed
-    /// (decodes); `None` for one whose user-level calls are all timed (encodes).
-    observe: Option<Observe>,
-    /// `recording`, interned once per process.
-    recording: &'static Py<PyString>,
+    in_tokenizer: *mut ffi::PyObject,
+    /// `ContextVar[RequestHandle | None]`, for a method timed only when observed (decodes); NULL
+    /// for one whose user-level calls are all timed (encodes).
+    request_var: *mut ffi::PyObject,
+    /// `ContextVar[ServerScope | None]`, NULL with `request_var`.
+    scope_var: *mut ffi::PyObject,
 }
 
-struct Observe {
-    /// `ContextVar[RequestHandle | None]`: the current request.
-    request_var: Py<PyAny>,
-    /// `ContextVar[ServerScope | None]`: the current server call.
-    scope_var: Py<PyAny>,
+/// The type object and the interned `recording`, made once per process.
+struct Statics {
+    kind: Py<PyType>,
+    recording: Py<PyString>,
 }
 
-static RECORDING: std::sync::OnceLock<Py<PyString>> = std::sync::OnceLock::new();
+static STATICS: OnceLock<Statics> = OnceLock::new();
 
-#[pymethods]
-impl MethodState {
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.original)?;
-        visit.call(&self.fallback)?;
-        visit.call(&self.in_tokenizer)?;
-        if let Some(observe) = &self.observe {
-            visit.call(&observe.request_var)?;
-            visit.call(&observe.scope_var)?;
-        }
-        Ok(())
-    }
-}
+/// `Sync` wrappers for the tables CPython reads (never writes) through the pointers it is given.
+struct Members([ffi::PyMemberDef; 3]);
+// SAFETY: immutable after construction; holds pointers to 'static data only.
+unsafe impl Sync for Members {}
+struct GetSets([ffi::PyGetSetDef; 2]);
+// SAFETY: as Members.
+unsafe impl Sync for GetSets {}
 
-/// The object on the class: binds like a function (see the module docstring).
-#[pyclass(module = "llmtrace_native", frozen, dict)]
-pub(crate) struct TokenizerMethod {
-    /// The builtin bound to its `MethodState`.
-    function: Py<PyAny>,
-}
-
-#[pymethods]
-impl TokenizerMethod {
-    /// `instance.method` is a bound method of the builtin; `Class.method` is this object.
-    fn __get__(
-        slf: &Bound<'_, Self>,
-        instance: Option<&Bound<'_, PyAny>>,
-        _owner: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        match instance {
-            None => Ok(slf.clone().into_any().unbind()),
-            Some(instance) if instance.is_none() => Ok(slf.clone().into_any().unbind()),
-            // SAFETY: both pointers are valid objects with the GIL held; PyMethod_New returns a
-            // new reference or NULL with an exception set.
-            Some(instance) => unsafe {
-                let bound = PyMethod_New(slf.get().function.as_ptr(), instance.as_ptr());
-                Ok(Bound::from_owned_ptr_or_err(py, bound)?.unbind())
-            },
-        }
-    }
-
-    /// `Class.method(instance, ...)`: the same call, through the builtin.
-    #[pyo3(signature = (*args, **kwargs))]
-    fn __call__(
-        &self,
-        py: Python<'_>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<Py<PyAny>> {
-        Ok(self.function.bind(py).call(args, kwargs)?.unbind())
-    }
-
-    fn __traverse__(&self, visit: PyVisit<'_>) -> Result<(), PyTraverseError> {
-        visit.call(&self.function)
-    }
-}
-
-/// `Sync` for the one `PyMethodDef` CPython reads (never writes) through the pointer it is given.
-struct MethodDef(ffi::PyMethodDef);
-// SAFETY: the definition is immutable after construction and holds pointers to 'static data.
-unsafe impl Sync for MethodDef {}
-
-static CALL_DEF: MethodDef = MethodDef(ffi::PyMethodDef {
-    ml_name: c"tokenizer_method".as_ptr(),
-    ml_meth: ffi::PyMethodDefPointer {
-        PyCFunctionFastWithKeywords: call,
+static MEMBERS: Members = Members([
+    ffi::PyMemberDef {
+        name: c"__vectorcalloffset__".as_ptr(),
+        type_code: ffi::Py_T_PYSSIZET,
+        offset: std::mem::offset_of!(RawMethod, vectorcall) as ffi::Py_ssize_t,
+        flags: ffi::Py_READONLY,
+        doc: std::ptr::null(),
     },
-    ml_flags: ffi::METH_FASTCALL | ffi::METH_KEYWORDS,
-    // The text signature makes `inspect.signature(tokenizer.decode)` answer (*args, **kwargs)
-    // rather than raise; `Class.decode`'s follows `__wrapped__` to the original's.
-    ml_doc: c"tokenizer_method($self, /, *args, **kwargs)\n--\n\nA tokenizer method under llmtrace's tokenizer integration."
-        .as_ptr(),
-});
+    ffi::PyMemberDef {
+        name: c"__dictoffset__".as_ptr(),
+        type_code: ffi::Py_T_PYSSIZET,
+        offset: std::mem::offset_of!(RawMethod, dict) as ffi::Py_ssize_t,
+        flags: ffi::Py_READONLY,
+        doc: std::ptr::null(),
+    },
+    ffi::PyMemberDef {
+        name: std::ptr::null(),
+        type_code: 0,
+        offset: 0,
+        flags: 0,
+        doc: std::ptr::null(),
+    },
+]);
+
+static GETSETS: GetSets = GetSets([
+    ffi::PyGetSetDef {
+        name: c"__dict__".as_ptr(),
+        get: Some(ffi::PyObject_GenericGetDict),
+        set: Some(ffi::PyObject_GenericSetDict),
+        doc: std::ptr::null(),
+        closure: null_mut(),
+    },
+    ffi::PyGetSetDef {
+        name: std::ptr::null(),
+        get: None,
+        set: None,
+        doc: std::ptr::null(),
+        closure: null_mut(),
+    },
+]);
+
+fn statics(py: Python<'_>) -> PyResult<&'static Statics> {
+    if let Some(found) = STATICS.get() {
+        return Ok(found);
+    }
+    let mut slots = [
+        slot(ffi::Py_tp_dealloc, dealloc as *mut c_void),
+        slot(ffi::Py_tp_traverse, traverse as *mut c_void),
+        slot(ffi::Py_tp_clear, clear as *mut c_void),
+        slot(ffi::Py_tp_descr_get, descr_get as *mut c_void),
+        slot(ffi::Py_tp_call, ffi::PyVectorcall_Call as *mut c_void),
+        slot(
+            ffi::Py_tp_members,
+            std::ptr::addr_of!(MEMBERS.0).cast_mut().cast(),
+        ),
+        slot(
+            ffi::Py_tp_getset,
+            std::ptr::addr_of!(GETSETS.0).cast_mut().cast(),
+        ),
+        slot(
+            ffi::Py_tp_doc,
+            c"A tokenizer method under llmtrace's tokenizer integration (tokenizer_method)."
+                .as_ptr()
+                .cast_mut()
+                .cast(),
+        ),
+        slot(0, null_mut()),
+    ];
+    let mut spec = ffi::PyType_Spec {
+        name: c"llmtrace_native.TokenizerMethod".as_ptr(),
+        basicsize: std::mem::size_of::<RawMethod>() as c_int,
+        itemsize: 0,
+        flags: (ffi::Py_TPFLAGS_DEFAULT
+            | ffi::Py_TPFLAGS_HAVE_GC
+            | ffi::Py_TPFLAGS_HAVE_VECTORCALL
+            | ffi::Py_TPFLAGS_METHOD_DESCRIPTOR) as _,
+        slots: slots.as_mut_ptr(),
+    };
+    // SAFETY: the spec and its slots are valid for the call (CPython copies what it keeps; the
+    // member and getset tables it points into are static); a new reference or NULL with an error.
+    let kind = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_FromSpec(&mut spec))? };
+    let made = Statics {
+        kind: kind.cast_into::<PyType>()?.unbind(),
+        recording: PyString::intern(py, "recording").unbind(),
+    };
+    // Another thread may have made them first (the GIL is released nowhere above, but be exact).
+    Ok(STATICS.get_or_init(|| made))
+}
+
+fn slot(slot: c_int, pfunc: *mut c_void) -> ffi::PyType_Slot {
+    ffi::PyType_Slot { slot, pfunc }
+}
+
+/// The type of the objects `tokenizer_method` makes, for the module to export.
+pub(crate) fn method_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    Ok(statics(py)?.kind.bind(py).clone())
+}
 
 /// The method put in place of a tokenizer's *original*: see the module docstring. *observe* is
 /// `(request_var, scope_var)` for a method timed only when observed, else `None`.
@@ -141,104 +184,165 @@ static CALL_DEF: MethodDef = MethodDef(ffi::PyMethodDef {
 #[pyo3(signature = (original, fallback, in_tokenizer, observe=None))]
 pub(crate) fn tokenizer_method<'py>(
     py: Python<'py>,
-    original: Py<PyAny>,
-    fallback: Py<PyAny>,
-    in_tokenizer: Py<PyAny>,
-    observe: Option<(Py<PyAny>, Py<PyAny>)>,
-) -> PyResult<Bound<'py, TokenizerMethod>> {
-    let recording = RECORDING.get_or_init(|| PyString::intern(py, "recording").unbind());
-    let observe = observe.map(|(request_var, scope_var)| Observe {
-        request_var,
-        scope_var,
-    });
-    let state = Bound::new(
-        py,
-        MethodState {
-            original,
-            fallback,
-            in_tokenizer,
-            observe,
-            recording,
-        },
-    )?;
-    // SAFETY: CALL_DEF lives for the process and CPython does not write through the pointer;
-    // `state` is a valid object the new function keeps a reference to (its `__self__`).
-    let function = unsafe {
-        let function = ffi::PyCFunction_NewEx(
-            std::ptr::addr_of!(CALL_DEF.0).cast_mut(),
-            state.as_ptr(),
-            std::ptr::null_mut(),
-        );
-        Bound::from_owned_ptr_or_err(py, function)?
-    };
-    Bound::new(
-        py,
-        TokenizerMethod {
-            function: function.unbind(),
-        },
-    )
+    original: Bound<'py, PyAny>,
+    fallback: Bound<'py, PyAny>,
+    in_tokenizer: Bound<'py, PyAny>,
+    observe: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !original.is_callable() || !fallback.is_callable() {
+        return Err(PyTypeError::new_err(
+            "tokenizer_method: original and fallback must be callable",
+        ));
+    }
+    let kind = statics(py)?.kind.bind(py);
+    // SAFETY: `kind` is the type made above (a GC type of RawMethod's size); GenericAlloc returns
+    // a zeroed, tracked object with a reference to its type, or NULL with an error. Every field
+    // written below takes a new reference.
+    unsafe {
+        let object =
+            Bound::from_owned_ptr_or_err(py, ffi::PyType_GenericAlloc(kind.as_ptr().cast(), 0))?;
+        let raw = object.as_ptr().cast::<RawMethod>();
+        (*raw).vectorcall = Some(call);
+        (*raw).original = original.into_ptr();
+        (*raw).fallback = fallback.into_ptr();
+        (*raw).in_tokenizer = in_tokenizer.into_ptr();
+        if let Some((request_var, scope_var)) = observe {
+            (*raw).request_var = request_var.into_ptr();
+            (*raw).scope_var = scope_var.into_ptr();
+        }
+        Ok(object)
+    }
 }
 
-/// The builtin's body: `slf` is the `MethodState`, `args[..nargs]` the positional arguments (the
-/// tokenizer first) and `kwnames` the names of the keyword ones after them. Returns a new
-/// reference, or NULL with the callee's exception set.
+/// `instance.method` without a call: a bound method (`Class.method`: the method itself).
+unsafe extern "C" fn descr_get(
+    slf: *mut ffi::PyObject,
+    instance: *mut ffi::PyObject,
+    _owner: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: CPython passes valid objects (the instance NULL or None for a class access).
+    unsafe {
+        if instance.is_null() || instance == ffi::Py_None() {
+            ffi::Py_INCREF(slf);
+            return slf;
+        }
+        PyMethod_New(slf, instance)
+    }
+}
+
+unsafe extern "C" fn traverse(
+    slf: *mut ffi::PyObject,
+    visit: ffi::visitproc,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: `slf` is a RawMethod; every non-NULL field is a valid object it owns; its type is
+    // a heap type, which the object references and must visit too.
+    unsafe {
+        let raw = slf.cast::<RawMethod>();
+        for field in [
+            (*raw).dict,
+            (*raw).original,
+            (*raw).fallback,
+            (*raw).in_tokenizer,
+            (*raw).request_var,
+            (*raw).scope_var,
+            ffi::Py_TYPE(slf).cast(),
+        ] {
+            if !field.is_null() {
+                let found = visit(field, arg);
+                if found != 0 {
+                    return found;
+                }
+            }
+        }
+        0
+    }
+}
+
+unsafe extern "C" fn clear(slf: *mut ffi::PyObject) -> c_int {
+    // SAFETY: `slf` is a RawMethod; each field is set to NULL before its reference is released
+    // (a release may run code that reaches this object again).
+    unsafe {
+        let raw = slf.cast::<RawMethod>();
+        for field in [
+            &mut (*raw).dict,
+            &mut (*raw).original,
+            &mut (*raw).fallback,
+            &mut (*raw).in_tokenizer,
+            &mut (*raw).request_var,
+            &mut (*raw).scope_var,
+        ] {
+            let old = std::mem::replace(field, null_mut());
+            ffi::Py_XDECREF(old);
+        }
+        0
+    }
+}
+
+unsafe extern "C" fn dealloc(slf: *mut ffi::PyObject) {
+    // SAFETY: the object is dying (no other reference): untracked first, its fields released, its
+    // memory freed by its type's tp_free, then the reference to its heap type dropped.
+    unsafe {
+        ffi::PyObject_GC_UnTrack(slf.cast());
+        clear(slf);
+        let kind = ffi::Py_TYPE(slf);
+        let free = ffi::PyType_GetSlot(kind, ffi::Py_tp_free);
+        let free: ffi::freefunc = std::mem::transmute(free);
+        free(slf.cast());
+        ffi::Py_DECREF(kind.cast());
+    }
+}
+
+/// The call: `slf` is the RawMethod, `args[..nargs]` the positional arguments (the tokenizer
+/// first) and `kwnames` the names of the keyword ones after them. Returns a new reference, or NULL
+/// with the callee's exception set.
 unsafe extern "C" fn call(
     slf: *mut ffi::PyObject,
     args: *const *mut ffi::PyObject,
-    nargs: ffi::Py_ssize_t,
+    nargsf: usize,
     kwnames: *mut ffi::PyObject,
 ) -> *mut ffi::PyObject {
-    // SAFETY: CPython calls a builtin with the GIL held (attached), and `slf` is the `MethodState`
-    // bound by `tokenizer_method` (the only maker of functions from CALL_DEF), alive while it is.
-    let (py, state) = unsafe {
-        let py = Python::assume_attached();
-        (
-            py,
-            Borrowed::from_ptr(py, slf)
-                .cast_unchecked::<MethodState>()
-                .get(),
-        )
-    };
-    let nargs = nargs as usize;
-    // Every C-API call below gets valid objects (owned by `state`, or the caller's arguments
-    // borrowed for the call) with the GIL held.
-    let in_tokenizer = state.in_tokenizer.as_ptr();
-    // SAFETY: as said above.
-    match unsafe { flag_set(in_tokenizer) } {
-        None => return std::ptr::null_mut(),
-        Some(true) => {
-            // SAFETY: as said above: the arguments exactly as CPython passed them.
-            return unsafe {
-                ffi::PyObject_Vectorcall(state.original.as_ptr(), args, nargs, kwnames)
-            };
-        }
-        Some(false) => {}
-    }
-    let unobserved = match &state.observe {
-        // SAFETY: as said above.
-        Some(observe) => unsafe { unobserved(observe, state.recording.as_ptr()) },
-        None => false,
-    };
-    if !unobserved {
-        // SAFETY: as said above.
-        return unsafe { ffi::PyObject_Vectorcall(state.fallback.as_ptr(), args, nargs, kwnames) };
-    }
-    // SAFETY: as said above; the token is a new reference, released after the reset.
+    // SAFETY: CPython calls with the GIL held (attached) and `slf` a live RawMethod; its fields are
+    // valid objects it owns (NULL only after the cycle collector cleared it: checked below), and
+    // the arguments are the caller's, borrowed for the call and forwarded exactly as they came
+    // (the offset flag included: the same buffer).
     unsafe {
-        let token = ffi::PyContextVar_Set(in_tokenizer, ffi::Py_True());
-        if token.is_null() {
-            return std::ptr::null_mut();
+        let py = Python::assume_attached();
+        let raw = &*slf.cast::<RawMethod>();
+        if raw.original.is_null() || raw.fallback.is_null() || raw.in_tokenizer.is_null() {
+            ffi::PyErr_SetString(
+                ffi::PyExc_RuntimeError,
+                c"llmtrace tokenizer method used after it was cleared".as_ptr(),
+            );
+            return null_mut();
         }
-        let result = ffi::PyObject_Vectorcall(state.original.as_ptr(), args, nargs, kwnames);
+        match flag_set(raw.in_tokenizer) {
+            None => return null_mut(),
+            Some(true) => return ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames),
+            Some(false) => {}
+        }
+        let unobserved = !raw.request_var.is_null()
+            && !raw.scope_var.is_null()
+            && STATICS.get().is_some_and(|found| {
+                unobserved(raw.request_var, raw.scope_var, found.recording.as_ptr())
+            });
+        if !unobserved {
+            return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames);
+        }
+        let token = ffi::PyContextVar_Set(raw.in_tokenizer, ffi::Py_True());
+        if token.is_null() {
+            return null_mut();
+        }
+        let result = ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
         // The callee's exception, if any, is kept across the reset.
         let raised = PyErr::take(py);
-        let reset = ffi::PyContextVar_Reset(in_tokenizer, token);
+        let reset = ffi::PyContextVar_Reset(raw.in_tokenizer, token);
         ffi::Py_DECREF(token);
         if let Some(error) = raised {
             error.restore(py);
         } else if reset < 0 {
             ffi::Py_XDECREF(result);
-            return std::ptr::null_mut();
+            return null_mut();
         }
         result
     }
@@ -246,11 +350,11 @@ unsafe extern "C" fn call(
 
 /// The context variable's truth: `Some(value is True)`, or `None` with an exception set.
 unsafe fn flag_set(var: *mut ffi::PyObject) -> Option<bool> {
-    let mut value: *mut ffi::PyObject = std::ptr::null_mut();
+    let mut value: *mut ffi::PyObject = null_mut();
     // SAFETY: a valid ContextVar with the GIL held; `value` receives a new reference (or NULL
     // when the variable has no value and no default).
     unsafe {
-        if ffi::PyContextVar_Get(var, std::ptr::null_mut(), &mut value) < 0 {
+        if ffi::PyContextVar_Get(var, null_mut(), &mut value) < 0 {
             return None;
         }
         if value.is_null() {
@@ -266,13 +370,17 @@ unsafe fn flag_set(var: *mut ffi::PyObject) -> Option<bool> {
 /// false, or, with no request current, the current server scope's. False whenever that is not
 /// known (neither is current, or reading them failed: the error is cleared, and the Python
 /// method, which asks again, decides and counts it).
-unsafe fn unobserved(observe: &Observe, recording: *mut ffi::PyObject) -> bool {
+unsafe fn unobserved(
+    request_var: *mut ffi::PyObject,
+    scope_var: *mut ffi::PyObject,
+    recording: *mut ffi::PyObject,
+) -> bool {
     // SAFETY: valid objects with the GIL held (the caller's contract); every new reference is
     // released before returning.
     unsafe {
-        for var in [&observe.request_var, &observe.scope_var] {
-            let mut current: *mut ffi::PyObject = std::ptr::null_mut();
-            if ffi::PyContextVar_Get(var.as_ptr(), ffi::Py_None(), &mut current) < 0 {
+        for var in [request_var, scope_var] {
+            let mut current: *mut ffi::PyObject = null_mut();
+            if ffi::PyContextVar_Get(var, ffi::Py_None(), &mut current) < 0 {
                 ffi::PyErr_Clear();
                 return false;
             }

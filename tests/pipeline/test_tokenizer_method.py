@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import gc
 import inspect
+import weakref
 from typing import Any
 
 import pytest
@@ -62,19 +64,32 @@ class Harness:
 
 def test_binds_like_a_function_and_keeps_the_original_s_signature() -> None:
     """``instance.decode(...)`` gets the instance first; ``Class.decode`` is the method itself and
-    callable with the instance; introspection follows ``__wrapped__`` to the original."""
+    callable with the instance; introspection follows ``__wrapped__`` to the original, bound or not."""
     harness = Harness()
     instance = harness.cls()
     assert harness.cls.decode is harness.method
     assert harness.method.__wrapped__ is harness.original
     assert harness.method.__name__ == "decode" and harness.method.__doc__ == "The library's own decode."
     assert inspect.signature(harness.cls.decode) == inspect.signature(harness.original)
-    assert "(*args, **kwargs)" == str(inspect.signature(instance.decode))  # answers, never raises
+    assert "(ids: 'list[int]', skip_special_tokens: 'bool' = False) -> 'str'" == str(inspect.signature(instance.decode))
     harness.request.set(Observed(False))
+    bound = instance.decode  # an attribute read without a call: a bound method, as for a function
+    assert bound.__self__ is instance and bound([4]) == "4"
     assert instance.decode([1, 2], skip_special_tokens=True) == "1 2"
     assert harness.cls.decode(instance, [3]) == "3"
-    assert [(instance, ([1, 2],), {"skip_special_tokens": True}), (instance, ([3],), {"skip_special_tokens": False})] \
-        == [call[:3] for call in harness.original_calls]
+    assert [(instance, ([4],), {"skip_special_tokens": False}), (instance, ([1, 2],), {"skip_special_tokens": True}),
+            (instance, ([3],), {"skip_special_tokens": False})] == [call[:3] for call in harness.original_calls]
+
+
+def test_a_method_in_a_reference_cycle_is_collected() -> None:
+    """What it holds is released when it dies, through the cycle collector too (a method whose
+    ``__dict__`` reaches itself, as ``functools.update_wrapper`` can make)."""
+    harness = Harness()
+    original = weakref.ref(harness.original)
+    harness.method.itself = harness.method
+    del harness
+    gc.collect()
+    assert original() is None
 
 
 def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None:
