@@ -156,6 +156,7 @@ class TokenizerMethod:
 
 def tokenizer_method(
     original: Callable[..., Any],
+    timed: Callable[..., Any],
     fallback: Callable[..., Any],
     in_tokenizer: Any,
     observe: tuple[Any, Any] | None = None,
@@ -163,8 +164,9 @@ def tokenizer_method(
     """The method put in place of a tokenizer's ``original`` (native/src/tokenizer_method.rs): a call
     while ``in_tokenizer`` (a ``ContextVar[bool]``) is true goes to ``original`` as it came; with
     ``observe`` = ``(request_var, scope_var)``, a call whose current request — or, with none, server
-    scope — has a false ``recording`` goes to ``original`` with ``in_tokenizer`` set around it;
-    every other call to ``fallback``, the Python method."""
+    scope — has a false ``recording`` goes to ``original`` with ``in_tokenizer`` set around it, one
+    whose ``recording`` is true (and, without ``observe``, every call) to ``timed``; a call it
+    cannot decide to ``fallback``, the Python method."""
 
 def classify_gaps(
     engine_id: str,

@@ -14,10 +14,12 @@
 //! 2. a call that *observe* finds unobserved — the current request (`request_var`) is not
 //!    recording, or else the current server scope's (`scope_var`) `recording` is false — goes
 //!    to `original` with `in_tokenizer` set around it, so that its nested calls pass through;
-//! 3. everything else goes to `fallback`, the Python method itself (the reference, which
-//!    decides again and times and reports the call): every encode, an observed decode, a
-//!    decode with neither a request nor a scope current, and any error while looking (the
-//!    Python method then decides, and counts the error).
+//! 3. a call that is observed — every user-level encode; a decode whose current request, or else
+//!    server scope, is recording — goes to `timed`, the Python function that times and reports
+//!    it (what the Python method calls for it too);
+//! 4. everything else goes to `fallback`, the Python method itself (the reference, which decides
+//!    again): a decode with neither a request nor a scope current, and any error while looking
+//!    (the Python method then decides, and counts the error).
 //!
 //! Binding: the object put on the class is a `TokenizerMethod`, a type made here with the C API
 //! (pyo3's classes cannot be called by vectorcall) that binds as Python functions do: it is a
@@ -53,6 +55,8 @@ struct RawMethod {
     dict: *mut ffi::PyObject,
     /// The tokenizer's own method.
     original: *mut ffi::PyObject,
+    /// The Python function that times and reports an observed call (`_timed_tokenizer_method`'s).
+    timed: *mut ffi::PyObject,
     /// The Python method this one short-cuts (`_timed_tokenizer_method`'s), for every other call.
     fallback: *mut ffi::PyObject,
     /// `ContextVar[bool]`: true while a tokenizer call llmtrace handles runs.
@@ -181,17 +185,18 @@ pub(crate) fn method_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
 /// The method put in place of a tokenizer's *original*: see the module docstring. *observe* is
 /// `(request_var, scope_var)` for a method timed only when observed, else `None`.
 #[pyfunction]
-#[pyo3(signature = (original, fallback, in_tokenizer, observe=None))]
+#[pyo3(signature = (original, timed, fallback, in_tokenizer, observe=None))]
 pub(crate) fn tokenizer_method<'py>(
     py: Python<'py>,
     original: Bound<'py, PyAny>,
+    timed: Bound<'py, PyAny>,
     fallback: Bound<'py, PyAny>,
     in_tokenizer: Bound<'py, PyAny>,
     observe: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if !original.is_callable() || !fallback.is_callable() {
+    if !original.is_callable() || !timed.is_callable() || !fallback.is_callable() {
         return Err(PyTypeError::new_err(
-            "tokenizer_method: original and fallback must be callable",
+            "tokenizer_method: original, timed and fallback must be callable",
         ));
     }
     let kind = statics(py)?.kind.bind(py);
@@ -204,6 +209,7 @@ pub(crate) fn tokenizer_method<'py>(
         let raw = object.as_ptr().cast::<RawMethod>();
         (*raw).vectorcall = Some(call);
         (*raw).original = original.into_ptr();
+        (*raw).timed = timed.into_ptr();
         (*raw).fallback = fallback.into_ptr();
         (*raw).in_tokenizer = in_tokenizer.into_ptr();
         if let Some((request_var, scope_var)) = observe {
@@ -242,6 +248,7 @@ unsafe extern "C" fn traverse(
         for field in [
             (*raw).dict,
             (*raw).original,
+            (*raw).timed,
             (*raw).fallback,
             (*raw).in_tokenizer,
             (*raw).request_var,
@@ -267,6 +274,7 @@ unsafe extern "C" fn clear(slf: *mut ffi::PyObject) -> c_int {
         for field in [
             &mut (*raw).dict,
             &mut (*raw).original,
+            &mut (*raw).timed,
             &mut (*raw).fallback,
             &mut (*raw).in_tokenizer,
             &mut (*raw).request_var,
@@ -309,7 +317,11 @@ unsafe extern "C" fn call(
     unsafe {
         let py = Python::assume_attached();
         let raw = &*slf.cast::<RawMethod>();
-        if raw.original.is_null() || raw.fallback.is_null() || raw.in_tokenizer.is_null() {
+        if raw.original.is_null()
+            || raw.timed.is_null()
+            || raw.fallback.is_null()
+            || raw.in_tokenizer.is_null()
+        {
             ffi::PyErr_SetString(
                 ffi::PyExc_RuntimeError,
                 c"llmtrace tokenizer method used after it was cleared".as_ptr(),
@@ -321,13 +333,18 @@ unsafe extern "C" fn call(
             Some(true) => return ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames),
             Some(false) => {}
         }
-        let unobserved = !raw.request_var.is_null()
-            && !raw.scope_var.is_null()
-            && STATICS.get().is_some_and(|found| {
-                unobserved(raw.request_var, raw.scope_var, found.recording.as_ptr())
-            });
-        if !unobserved {
-            return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames);
+        let observed = if raw.request_var.is_null() || raw.scope_var.is_null() {
+            Some(true) // a method whose user-level calls are all timed
+        } else {
+            match STATICS.get() {
+                Some(found) => observed(raw.request_var, raw.scope_var, found.recording.as_ptr()),
+                None => None,
+            }
+        };
+        match observed {
+            Some(true) => return ffi::PyObject_Vectorcall(raw.timed, args, nargsf, kwnames),
+            None => return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames),
+            Some(false) => {}
         }
         let token = ffi::PyContextVar_Set(raw.in_tokenizer, ffi::Py_True());
         if token.is_null() {
@@ -366,15 +383,15 @@ unsafe fn flag_set(var: *mut ffi::PyObject) -> Option<bool> {
     }
 }
 
-/// Whether the call certainly lands on no recording span: the current request's `recording` is
-/// false, or, with no request current, the current server scope's. False whenever that is not
-/// known (neither is current, or reading them failed: the error is cleared, and the Python
-/// method, which asks again, decides and counts it).
-unsafe fn unobserved(
+/// Whether the call lands on a recording span: the current request's `recording`, or, with no
+/// request current, the current server scope's. `None` when that is not known here (neither is
+/// current, or reading them failed: the error is cleared, and the Python method, which asks
+/// again, decides and counts it).
+unsafe fn observed(
     request_var: *mut ffi::PyObject,
     scope_var: *mut ffi::PyObject,
     recording: *mut ffi::PyObject,
-) -> bool {
+) -> Option<bool> {
     // SAFETY: valid objects with the GIL held (the caller's contract); every new reference is
     // released before returning.
     unsafe {
@@ -382,7 +399,7 @@ unsafe fn unobserved(
             let mut current: *mut ffi::PyObject = null_mut();
             if ffi::PyContextVar_Get(var, ffi::Py_None(), &mut current) < 0 {
                 ffi::PyErr_Clear();
-                return false;
+                return None;
             }
             if current.is_null() || current == ffi::Py_None() {
                 ffi::Py_XDECREF(current);
@@ -392,16 +409,16 @@ unsafe fn unobserved(
             ffi::Py_DECREF(current);
             if value.is_null() {
                 ffi::PyErr_Clear();
-                return false;
+                return None;
             }
             let truth = ffi::PyObject_IsTrue(value);
             ffi::Py_DECREF(value);
             if truth < 0 {
                 ffi::PyErr_Clear();
-                return false;
+                return None;
             }
-            return truth == 0;
+            return Some(truth != 0);
         }
-        false
+        None
     }
 }

@@ -41,6 +41,7 @@ class Harness:
         self.scope: contextvars.ContextVar[Any] = contextvars.ContextVar("scope", default=None)
         self.original_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], bool]] = []
         self.fallback_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.timed_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         harness = self
 
         def decode(self: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -51,12 +52,16 @@ class Harness:
                 raise ValueError("bad ids")
             return " ".join(map(str, ids))
 
+        def timed(self: Any, *args: Any, **kwargs: Any) -> str:
+            harness.timed_calls.append((self, args, kwargs))
+            return "timed"
+
         def fallback(self: Any, *args: Any, **kwargs: Any) -> str:
             harness.fallback_calls.append((self, args, kwargs))
             return "fallback"
 
         self.original = decode
-        self.method = NATIVE.tokenizer_method(decode, fallback, self.flag,
+        self.method = NATIVE.tokenizer_method(decode, timed, fallback, self.flag,
                                               (self.request, self.scope) if observe else None)
         functools.update_wrapper(self.method, decode)
         self.cls: Any = type("Tokenizer", (), {"decode": self.method})
@@ -100,17 +105,24 @@ def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None
         getattr(harness, var).set(Observed(False))
         assert harness.cls().decode([7]) == "7"
         assert [True] == [call[3] for call in harness.original_calls]
-        assert [] == harness.fallback_calls
+        assert [] == harness.fallback_calls == harness.timed_calls
         assert harness.flag.get() is False
 
 
-def test_a_request_is_asked_before_the_scope() -> None:
-    """A sampled request inside an unsampled call is observed: the Python method times it."""
-    harness = Harness()
-    harness.scope.set(Observed(False))
-    harness.request.set(Observed(True))
-    assert harness.cls().decode([7]) == "fallback"
-    assert [] == harness.original_calls and 1 == len(harness.fallback_calls)
+def test_an_observed_call_is_timed() -> None:
+    """A sampled request current (even inside an unsampled call), a sampled call with no request
+    current, or a method whose every user-level call is timed (an encode): the timing function
+    gets the call as it came."""
+    cases = [Harness(), Harness(), Harness(observe=False)]
+    cases[0].scope.set(Observed(False))
+    cases[0].request.set(Observed(True))
+    cases[1].scope.set(Observed(True))
+    cases[2].request.set(Observed(False))
+    for harness in cases:
+        instance = harness.cls()
+        assert instance.decode([7], skip_special_tokens=True) == "timed"
+        assert [(instance, ([7],), {"skip_special_tokens": True})] == harness.timed_calls
+        assert [] == harness.original_calls and [] == harness.fallback_calls
 
 
 def test_a_nested_call_passes_through_untouched() -> None:
@@ -119,22 +131,19 @@ def test_a_nested_call_passes_through_untouched() -> None:
     harness = Harness(observe=False)
     harness.flag.set(True)
     assert harness.cls().decode([1]) == "1"
-    assert [] == harness.fallback_calls
+    assert [] == harness.fallback_calls == harness.timed_calls
 
 
 def test_the_python_method_decides_what_the_compiled_one_cannot() -> None:
-    """No request or scope current, a method timed on every call (encode), an observed call, or a
-    `recording` that cannot be read: the Python method gets the call as it came, and no error of
-    reading leaks into the host's call."""
-    cases = [Harness(), Harness(observe=False), Harness(), Harness()]
-    cases[1].request.set(Observed(False))
-    cases[2].scope.set(Observed(True))
-    cases[3].request.set(Broken())
+    """No request or scope current, or a `recording` that cannot be read: the Python method gets
+    the call as it came, and no error of reading leaks into the host's call."""
+    cases = [Harness(), Harness()]
+    cases[1].request.set(Broken())
     for harness in cases:
         instance = harness.cls()
         assert instance.decode([1], skip_special_tokens=True) == "fallback"
         assert [(instance, ([1],), {"skip_special_tokens": True})] == harness.fallback_calls
-        assert [] == harness.original_calls
+        assert [] == harness.original_calls and [] == harness.timed_calls
 
 
 def test_the_original_s_exception_reaches_the_caller_and_the_flag_is_reset() -> None:

@@ -213,24 +213,15 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
 
     Where llmtrace-native is built, the method put on the class is its compiled form
     (``tokenizer_method``, native/src/tokenizer_method.rs), which takes the pass-through cases
-    itself — a nested call, an unobserved decode — and hands every other call to this Python
-    method, the reference: a streamed token at 0 % sampling costs no Python frame of llmtrace's.
+    itself — a nested call, an unobserved decode — hands an observed call to the same ``timed``
+    function, and every call it cannot decide to this Python method, the reference: a streamed
+    token at 0 % sampling costs no Python frame of llmtrace's.
     ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone."""
 
     def make(original: Any) -> Any:
-        @functools.wraps(original)
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if _in_tokenizer.get():
-                return original(self, *args, **kwargs)
+        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            """A user-level call that something records: timed, then reported."""
             token = _in_tokenizer.set(True)
-            if observed is not None and not observed():
-                # Still the user-level call: the calls nested in it (transformers' decode calls the
-                # tokenizers one) pass straight through instead of asking again (~6k instructions
-                # a streamed decode).
-                try:
-                    return original(self, *args, **kwargs)
-                finally:
-                    _in_tokenizer.reset(token)
             start = monotonic_ns()
             try:
                 result = original(self, *args, **kwargs)
@@ -242,11 +233,26 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
             after(original, self, args, kwargs, result, start, None)
             return result
 
+        @functools.wraps(original)
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if _in_tokenizer.get():
+                return original(self, *args, **kwargs)
+            if observed is not None and not observed():
+                # Still the user-level call: the calls nested in it (transformers' decode calls the
+                # tokenizers one) pass straight through instead of asking again (~6k instructions
+                # a streamed decode).
+                token = _in_tokenizer.set(True)
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    _in_tokenizer.reset(token)
+            return timed(self, *args, **kwargs)
+
         native = _native.chosen_by("LLMTRACE_NATIVE_TOKENIZER")
         if native is None:
             return method
         # The compiled method asks what _decode_observed asks first, from the same variables.
-        compiled = native.tokenizer_method(original, method, _in_tokenizer,
+        compiled = native.tokenizer_method(original, timed, method, _in_tokenizer,
                                            None if observed is None else (REQUEST_VAR, SCOPE_VAR))
         functools.update_wrapper(compiled, original)
         return compiled
@@ -297,7 +303,33 @@ def _decode_observed() -> bool:
 
 def _after_decode(count: Any, original: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
                   result: Any, start_ns: int, error: BaseException | None) -> None:
-    record_detokenize(start_ns, monotonic_ns(), DecodeCall(count, instance, args, kwargs, result, error))
+    end = monotonic_ns()
+    try:
+        if error is None and (target := _streaming_request()) is not None:
+            # The common case, once per streamed token of a sampled request: a duration added to
+            # it, without the record_detokenize frames (its guard's is one).
+            target.detokenized(end - start_ns)
+            return
+    except Exception as exc:  # noqa: BLE001 - counted as record_detokenize would; never the host's error
+        record_error("detokenize.wrapper", exc)
+        return
+    record_detokenize(start_ns, end, DecodeCall(count, instance, args, kwargs, result, error))
+
+
+def _streaming_request() -> Any:
+    """The request a successful decode adds its time to, when that is all it does (see
+    :func:`record_detokenize`): the current request, else — a server call with no request
+    current and none deferred to the response's end — the call's last open request."""
+    handle = get_request()
+    if handle is not None:
+        return handle
+    scope = get_scope()
+    if scope is None or scope.deferred:
+        return None
+    for handle in reversed(scope.handles):
+        if handle.finish_ns is None:
+            return handle
+    return None
 
 
 def first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
