@@ -69,12 +69,12 @@ struct RawMethod {
 }
 
 /// The type object and the interned `recording`, made once per process.
-struct Statics {
+struct MadeOnce {
     kind: Py<PyType>,
     recording: Py<PyString>,
 }
 
-static STATICS: OnceLock<Statics> = OnceLock::new();
+static MADE: OnceLock<MadeOnce> = OnceLock::new();
 
 /// `Sync` wrappers for the tables CPython reads (never writes) through the pointers it is given.
 struct Members([ffi::PyMemberDef; 3]);
@@ -125,8 +125,8 @@ static GETSETS: GetSets = GetSets([
     },
 ]);
 
-fn statics(py: Python<'_>) -> PyResult<&'static Statics> {
-    if let Some(found) = STATICS.get() {
+fn made_once(py: Python<'_>) -> PyResult<&'static MadeOnce> {
+    if let Some(found) = MADE.get() {
         return Ok(found);
     }
     let mut slots = [
@@ -165,12 +165,12 @@ fn statics(py: Python<'_>) -> PyResult<&'static Statics> {
     // SAFETY: the spec and its slots are valid for the call (CPython copies what it keeps; the
     // member and getset tables it points into are static); a new reference or NULL with an error.
     let kind = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyType_FromSpec(&mut spec))? };
-    let made = Statics {
+    let made = MadeOnce {
         kind: kind.cast_into::<PyType>()?.unbind(),
         recording: PyString::intern(py, "recording").unbind(),
     };
     // Another thread may have made them first (the GIL is released nowhere above, but be exact).
-    Ok(STATICS.get_or_init(|| made))
+    Ok(MADE.get_or_init(|| made))
 }
 
 fn slot(slot: c_int, pfunc: *mut c_void) -> ffi::PyType_Slot {
@@ -179,7 +179,7 @@ fn slot(slot: c_int, pfunc: *mut c_void) -> ffi::PyType_Slot {
 
 /// The type of the objects `tokenizer_method` makes, for the module to export.
 pub(crate) fn method_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
-    Ok(statics(py)?.kind.bind(py).clone())
+    Ok(made_once(py)?.kind.bind(py).clone())
 }
 
 /// The method put in place of a tokenizer's *original*: see the module docstring. *observe* is
@@ -199,7 +199,7 @@ pub(crate) fn tokenizer_method<'py>(
             "tokenizer_method: original, timed and fallback must be callable",
         ));
     }
-    let kind = statics(py)?.kind.bind(py);
+    let kind = made_once(py)?.kind.bind(py);
     // SAFETY: `kind` is the type made above (a GC type of RawMethod's size); GenericAlloc returns
     // a zeroed, tracked object with a reference to its type, or NULL with an error. Every field
     // written below takes a new reference.
@@ -336,7 +336,7 @@ unsafe extern "C" fn call(
         let observed = if raw.request_var.is_null() || raw.scope_var.is_null() {
             Some(true) // a method whose user-level calls are all timed
         } else {
-            match STATICS.get() {
+            match MADE.get() {
                 Some(found) => observed(raw.request_var, raw.scope_var, found.recording.as_ptr()),
                 None => None,
             }
