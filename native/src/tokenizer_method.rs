@@ -7,7 +7,7 @@
 //! Written in Python, each patched method is a frame that repacks `*args, **kwargs` (a dict per
 //! call for `skip_special_tokens=True`), and asking whether anything records the decode is two
 //! more frames (~13k instructions a streamed token at 0 % sampling on the reference server). The
-//! builtin this module makes answers those cases without a Python frame:
+//! method this module makes answers those cases without a Python frame:
 //!
 //! 1. a call nested in a tokenizer call llmtrace already handles (the `in_tokenizer` context
 //!    variable is true) goes to `original` with the arguments as they came;
@@ -27,7 +27,8 @@
 //! the instance as its first argument and the caller's arguments untouched, with no bound method
 //! made per call; `__get__` makes one for any other access (`f = tokenizer.decode`). It carries a
 //! `__dict__` for `functools.update_wrapper` (`__wrapped__`, `__name__`, ...) and llmtrace's patch
-//! marker. Its call makes only C-API calls, none of which can panic.
+//! marker. Its call makes only C-API calls, none of which can panic, and it never turns the
+//! tokenizer's exception (a pyo3 `PanicException` included) into anything else.
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -315,7 +316,6 @@ unsafe extern "C" fn call(
     // the arguments are the caller's, borrowed for the call and forwarded exactly as they came
     // (the offset flag included: the same buffer).
     unsafe {
-        let py = Python::assume_attached();
         let raw = &*slf.cast::<RawMethod>();
         if raw.original.is_null()
             || raw.timed.is_null()
@@ -351,12 +351,20 @@ unsafe extern "C" fn call(
             return null_mut();
         }
         let result = ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
-        // The callee's exception, if any, is kept across the reset.
-        let raised = PyErr::take(py);
+        // The callee's exception, if any, is kept across the reset exactly as raised (the C API's
+        // fetch and restore, not pyo3's `PyErr::take`, which resumes a Rust panic when it finds
+        // a `PanicException` — one a pyo3 tokenizer may raise — and would abort the process here).
+        let (mut kind, mut value, mut traceback) = (null_mut(), null_mut(), null_mut());
+        #[allow(deprecated)] // the 3.12 replacement is missing before 3.12; these remain
+        ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
         let reset = ffi::PyContextVar_Reset(raw.in_tokenizer, token);
         ffi::Py_DECREF(token);
-        if let Some(error) = raised {
-            error.restore(py);
+        if !kind.is_null() {
+            if reset < 0 {
+                ffi::PyErr_Clear(); // the callee's exception is the one the caller must see
+            }
+            #[allow(deprecated)]
+            ffi::PyErr_Restore(kind, value, traceback);
         } else if reset < 0 {
             ffi::Py_XDECREF(result);
             return null_mut();

@@ -17,7 +17,7 @@ import pytest
 from llmtrace import _native
 
 NATIVE = _native.load()
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="llmtrace-native is not built (no Rust toolchain)")
+needs_native = pytest.mark.skipif(NATIVE is None, reason="llmtrace-native is not built (no Rust toolchain)")
 
 
 class Observed:
@@ -35,7 +35,7 @@ class Harness:
     """A class with one method replaced the way the integrations replace it; what reached the
     original and the Python fallback, and the flag each saw."""
 
-    def __init__(self, observe: bool = True, fail: bool = False) -> None:
+    def __init__(self, observe: bool = True, fail: BaseException | None = None) -> None:
         self.flag: contextvars.ContextVar[bool] = contextvars.ContextVar("flag", default=False)
         self.request: contextvars.ContextVar[Any] = contextvars.ContextVar("request", default=None)
         self.scope: contextvars.ContextVar[Any] = contextvars.ContextVar("scope", default=None)
@@ -48,8 +48,8 @@ class Harness:
             """The library's own decode."""
             harness.original_calls.append((self, (ids,), {"skip_special_tokens": skip_special_tokens},
                                            harness.flag.get()))
-            if fail:
-                raise ValueError("bad ids")
+            if fail is not None:
+                raise fail
             return " ".join(map(str, ids))
 
         def timed(self: Any, *args: Any, **kwargs: Any) -> str:
@@ -67,6 +67,7 @@ class Harness:
         self.cls: Any = type("Tokenizer", (), {"decode": self.method})
 
 
+@needs_native
 def test_binds_like_a_function_and_keeps_the_original_s_signature() -> None:
     """``instance.decode(...)`` gets the instance first; ``Class.decode`` is the method itself and
     callable with the instance; introspection follows ``__wrapped__`` to the original, bound or not."""
@@ -86,6 +87,7 @@ def test_binds_like_a_function_and_keeps_the_original_s_signature() -> None:
             (instance, ([3],), {"skip_special_tokens": False})] == [call[:3] for call in harness.original_calls]
 
 
+@needs_native
 def test_a_method_in_a_reference_cycle_is_collected() -> None:
     """What it holds is released when it dies, through the cycle collector too (a method whose
     ``__dict__`` reaches itself, as ``functools.update_wrapper`` can make)."""
@@ -97,6 +99,7 @@ def test_a_method_in_a_reference_cycle_is_collected() -> None:
     assert original() is None
 
 
+@needs_native
 def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None:
     """An unsampled request current (or, with none, an unsampled server scope): the original runs
     at once, its nested calls see the flag, and the flag is back to false afterwards."""
@@ -109,6 +112,7 @@ def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None
         assert harness.flag.get() is False
 
 
+@needs_native
 def test_an_observed_call_is_timed() -> None:
     """A sampled request current (even inside an unsampled call), a sampled call with no request
     current, or a method whose every user-level call is timed (an encode): the timing function
@@ -125,6 +129,7 @@ def test_an_observed_call_is_timed() -> None:
         assert [] == harness.original_calls and [] == harness.fallback_calls
 
 
+@needs_native
 def test_a_nested_call_passes_through_untouched() -> None:
     """The flag set (an outer tokenizer call llmtrace handles): the original, never the fallback,
     even for a method that times every call."""
@@ -134,6 +139,7 @@ def test_a_nested_call_passes_through_untouched() -> None:
     assert [] == harness.fallback_calls == harness.timed_calls
 
 
+@needs_native
 def test_the_python_method_decides_what_the_compiled_one_cannot() -> None:
     """No request or scope current, or a `recording` that cannot be read: the Python method gets
     the call as it came, and no error of reading leaks into the host's call."""
@@ -146,10 +152,45 @@ def test_the_python_method_decides_what_the_compiled_one_cannot() -> None:
         assert [] == harness.original_calls and [] == harness.timed_calls
 
 
+class Interrupted(BaseException):
+    """Not an Exception (as KeyboardInterrupt, or pyo3's PanicException from a Rust tokenizer)."""
+
+
+@needs_native
 def test_the_original_s_exception_reaches_the_caller_and_the_flag_is_reset() -> None:
-    harness = Harness(fail=True)
-    harness.request.set(Observed(False))
-    with pytest.raises(ValueError, match="bad ids"):
-        harness.cls().decode([1])
-    assert harness.flag.get() is False
-    assert [True] == [call[3] for call in harness.original_calls]
+    """The tokenizer's own exception, the same object with its traceback, whatever its class."""
+    for error in (ValueError("bad ids"), Interrupted("stop")):
+        harness = Harness(fail=error)
+        harness.request.set(Observed(False))
+        with pytest.raises(type(error)) as raised:
+            harness.cls().decode([1])
+        assert raised.value is error and raised.traceback[-1].name == "decode"
+        assert harness.flag.get() is False
+        assert [True] == [call[3] for call in harness.original_calls]
+
+
+@pytest.mark.parametrize("form", ["native", "python"])
+def test_an_interrupt_resets_the_flag_and_is_not_reported(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A timed call interrupted by a BaseException: the exception reaches the caller, the flag is
+    reset (later calls in this context are timed again), and nothing is reported as the call's
+    failure."""
+    from llmtrace.integrations import _common
+
+    if form == "native" and NATIVE is None:
+        pytest.skip("llmtrace-native is not built: the compiled tokenizer methods are not in use")
+    monkeypatch.setenv("LLMTRACE_NATIVE_TOKENIZER", form)
+    reported: list[Any] = []
+
+    def original(self: Any, text: str) -> list[int]:
+        if text == "stop":
+            raise Interrupted(text)
+        return [1, 2]
+
+    method = _common._timed_tokenizer_method(lambda *args: reported.append(args))(original)
+    tokenizer: Any = type("Tokenizer", (), {"encode": method})()
+    with pytest.raises(Interrupted):
+        tokenizer.encode("stop")
+    assert not _common.tokenizer_busy()
+    assert [] == reported
+    assert [1, 2] == tokenizer.encode("go")
+    assert [[1, 2]] == [args[4] for args in reported]  # timed and reported: the flag was reset

@@ -229,6 +229,9 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
                 _in_tokenizer.reset(token)
                 after(original, self, args, kwargs, None, start, exc)
                 raise
+            except BaseException:  # an interrupt: not the call's failure, but the flag is this call's
+                _in_tokenizer.reset(token)
+                raise
             _in_tokenizer.reset(token)
             after(original, self, args, kwargs, result, start, None)
             return result
