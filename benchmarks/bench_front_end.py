@@ -102,8 +102,9 @@ def _app(arm: str, out: str, tokens: int) -> Any:
 
 def _body(index: int, tokens: int) -> bytes:
     """bench_reference_server.py's requests: four prompt lengths in turn, streamed, greedy."""
-    return json.dumps({"prompt": "benchmark the reference server " * (1 + index % 4), "max_tokens": tokens,
-                       "stream": True, "temperature": 0.0}).encode()
+    from bench_reference_server import request_body
+
+    return json.dumps(request_body(index, tokens, greedy=True)).encode()
 
 
 async def _one(app: Any, body: bytes) -> int:
@@ -188,9 +189,10 @@ def main() -> int:
                           arms, args.requests, args.base, args.jobs, from_ready=True)
     rows = dict(counted)
     if "llmtrace_0" in counted and "full" in counted:
+        from bench_reference_server import mixed
+
         for name, ratio in MIXED.items():
-            rows[name] = {key: (1 - ratio) * counted["llmtrace_0"][key] + ratio * counted["full"][key]
-                          for key in counted["full"]}
+            rows[name] = mixed(counted["llmtrace_0"], counted["full"], ratio, counted["full"])
     base = counted["untraced"]
     print(f"\n{'arm':<26} {'serving thread':>15} {'all threads':>12} {'added':>9} {'of server':>10}")
     for name, row in rows.items():

@@ -54,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 CONFIGS = {
@@ -80,6 +81,22 @@ DEFAULT_ARMS = ("untraced", "full", "production")
 COUNTED_ARMS = ("untraced", "llmtrace_0", "full")
 
 
+def request_body(index: int, max_tokens: int, greedy: bool) -> dict[str, object]:
+    """The *index*-th request of the load: four prompt lengths in turn, streamed; *greedy*:
+    temperature 0, so every run streams the same tokens (bench_front_end.py sends the same)."""
+    body: dict[str, object] = {"prompt": "benchmark the reference server " * (1 + index % 4),
+                               "max_tokens": max_tokens, "stream": True}
+    if greedy:
+        body["temperature"] = 0.0
+    return body
+
+
+def mixed(off: dict[str, float], full: dict[str, float], ratio: float, names: Iterable[str]) -> dict[str, float]:
+    """The expected counts at sampling ratio *ratio*, from an arm sampling nothing (*off*) and one
+    sampling everything (*full*): a request costs what its sampling decision makes it cost."""
+    return {name: (1 - ratio) * off[name] + ratio * full[name] for name in names}
+
+
 async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int, greedy: bool = False) -> int:
     """Stream *requests* completions of four prompt lengths in turn, *concurrency* at a time; the
     tokens received. *greedy*: temperature 0, so every run streams the same tokens."""
@@ -90,10 +107,7 @@ async def _load(base_url: str, requests: int, concurrency: int, max_tokens: int,
 
     async def one(client: httpx.AsyncClient, index: int) -> None:
         nonlocal tokens
-        body: dict[str, object] = {"prompt": "benchmark the reference server " * (1 + index % 4),
-                                   "max_tokens": max_tokens, "stream": True}
-        if greedy:
-            body["temperature"] = 0.0
+        body = request_body(index, max_tokens, greedy)
         async with limit, client.stream("POST", base_url + "/v1/completions", json=body) as response:
             async for line in response.aiter_lines():
                 tokens += line.startswith("data:") and line != "data: [DONE]"
@@ -320,9 +334,8 @@ def print_instructions(counted: dict[str, dict[str, float]], requests: int, base
     if "llmtrace_0" in counted and "full" in counted:
         for arm, ratio in MIXED.items():
             if arm not in counted:
-                off, full = counted["llmtrace_0"], counted["full"]
-                rows[f"{arm} (mixed)"] = {name: (1 - ratio) * off[name] + ratio * full[name]
-                                         for name in ("front end", "engine", "server")}
+                rows[f"{arm} (mixed)"] = mixed(counted["llmtrace_0"], counted["full"], ratio,
+                                               ("front end", "engine", "server"))
     untraced = counted["untraced"]["server"] if "untraced" in counted else None
     print(f"\nreference server under callgrind: instructions per request (runs of {requests} and {base} "
           f"streamed requests x {max_tokens} tokens, concurrency {concurrency}, differenced), all threads")

@@ -168,13 +168,21 @@ def record_detokenize(start_ns: int, end_ns: int, call: DecodeCall) -> None:
                 finish.completion = text
         live_span(semconv.SPAN_DETOKENIZE, target.context(), start_ns, end_ns, call.attributes(), error)
         return
-    if scope is not None and (open_handles := scope.open_handles()):
+    if scope is not None and (streaming := _last_open(scope)) is not None:
         # Incremental detokenization while a streamed response is produced (the handler
         # decodes each token as it arrives): time added to the request, never a span per token.
-        open_handles[-1].detokenized(duration)
+        streaming.detokenized(duration)
         return
     if _current_span_recording() and (error is not None or call.tokens() > INCREMENTAL_DECODE_MAX_TOKENS):
         live_span(semconv.SPAN_DETOKENIZE, None, start_ns, end_ns, call.attributes(), error)
+
+
+def _last_open(scope: ServerScope) -> Any:
+    """The call's last request still open (None: none is)."""
+    for handle in reversed(scope.handles):
+        if handle.finish_ns is None:
+            return handle
+    return None
 
 
 def _deferred_request(scope: ServerScope) -> Any:
@@ -329,10 +337,7 @@ def _streaming_request() -> Any:
     scope = get_scope()
     if scope is None or scope.deferred:
         return None
-    for handle in reversed(scope.handles):
-        if handle.finish_ns is None:
-            return handle
-    return None
+    return _last_open(scope)
 
 
 def first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:
