@@ -6,7 +6,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "TokenizerMethod", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans", "tokenizer_method"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "TokenizerMethod", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans", "tokenizer_method", "tokenizer_passing_through"]
 
 #: Bumped with ``llmtrace._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
@@ -162,11 +162,16 @@ def tokenizer_method(
     observe: tuple[Any, Any] | None = None,
 ) -> TokenizerMethod:
     """The method put in place of a tokenizer's ``original`` (native/src/tokenizer_method.rs): a call
-    while ``in_tokenizer`` (a ``ContextVar[bool]``) is true goes to ``original`` as it came; with
-    ``observe`` = ``(request_var, scope_var)``, a call whose current request — or, with none, server
-    scope — has a false ``recording`` goes to ``original`` with ``in_tokenizer`` set around it, one
-    whose ``recording`` is true (and, without ``observe``, every call) to ``timed``; a call it
+    while ``in_tokenizer`` (a ``ContextVar[bool]``) is true, or inside a call passed through on this
+    thread, goes to ``original`` as it came; with ``observe`` = ``(request_var, scope_var)``, a call
+    whose current request — or, with none, server scope — has a false ``recording`` goes to
+    ``original`` with this thread's pass-through flag (``tokenizer_passing_through``) set around it,
+    one whose ``recording`` is true (and, without ``observe``, every call) to ``timed``; a call it
     cannot decide to ``fallback``, the Python method."""
+
+def tokenizer_passing_through() -> bool:
+    """Whether this thread runs a tokenizer call a ``tokenizer_method`` passed through unobserved
+    (its nested calls then pass through too)."""
 
 def classify_gaps(
     engine_id: str,

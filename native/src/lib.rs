@@ -914,7 +914,7 @@ mod tokenizer_method;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 8)?;
+    m.add("ABI_VERSION", 9)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
@@ -923,6 +923,10 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
     m.add("TokenizerMethod", tokenizer_method::method_type(m.py())?)?;
     m.add_function(wrap_pyfunction!(tokenizer_method::tokenizer_method, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        tokenizer_method::tokenizer_passing_through,
+        m
+    )?)?;
     m.add_function(wrap_pyfunction!(gpu_idle::classify_gaps, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::critical_path, m)?)?;
     m.add_function(wrap_pyfunction!(critical_path::path_totals, m)?)?;

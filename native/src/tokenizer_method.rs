@@ -13,7 +13,12 @@
 //!    variable is true) goes to `original` with the arguments as they came;
 //! 2. a call that *observe* finds unobserved — the current request (`request_var`) is not
 //!    recording, or else the current server scope's (`scope_var`) `recording` is false — goes
-//!    to `original` with `in_tokenizer` set around it, so that its nested calls pass through;
+//!    to `original` with this thread's pass-through flag set around it, so that its nested calls
+//!    pass through too (case 1 asks that flag first). A thread-local `Cell`, not `in_tokenizer`:
+//!    the context variable's set and reset were 1.9k of the 3.0k instructions such a decode
+//!    added (each makes and frees a context mapping), and a synchronous call cannot hand its
+//!    thread to another context before it returns — except by switching greenlets inside the
+//!    tokenizer, where a call of another greenlet would pass through unobserved until it does;
 //! 3. a call that is observed — every user-level encode; a decode whose current request, or else
 //!    server scope, is recording — goes to `timed`, the Python function that times and reports
 //!    it (what the Python method calls for it too);
@@ -30,6 +35,7 @@
 //! marker. Its call makes only C-API calls, none of which can panic, and it never turns the
 //! tokenizer's exception (a pyo3 `PanicException` included) into anything else.
 
+use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::OnceLock;
@@ -328,6 +334,9 @@ unsafe extern "C" fn call(
             );
             return null_mut();
         }
+        if PASSING_THROUGH.get() {
+            return ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
+        }
         match flag_set(raw.in_tokenizer) {
             None => return null_mut(),
             Some(true) => return ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames),
@@ -346,31 +355,25 @@ unsafe extern "C" fn call(
             None => return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames),
             Some(false) => {}
         }
-        let token = ffi::PyContextVar_Set(raw.in_tokenizer, ffi::Py_True());
-        if token.is_null() {
-            return null_mut();
-        }
+        // Restoring the flag touches no Python state: the callee's result or exception (a pyo3
+        // `PanicException` included) reaches the caller exactly as it came.
+        let outer = PASSING_THROUGH.replace(true);
         let result = ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
-        // The callee's exception, if any, is kept across the reset exactly as raised (the C API's
-        // fetch and restore, not pyo3's `PyErr::take`, which resumes a Rust panic when it finds
-        // a `PanicException` — one a pyo3 tokenizer may raise — and would abort the process here).
-        let (mut kind, mut value, mut traceback) = (null_mut(), null_mut(), null_mut());
-        #[allow(deprecated)] // the 3.12 replacement is missing before 3.12; these remain
-        ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
-        let reset = ffi::PyContextVar_Reset(raw.in_tokenizer, token);
-        ffi::Py_DECREF(token);
-        if !kind.is_null() {
-            if reset < 0 {
-                ffi::PyErr_Clear(); // the callee's exception is the one the caller must see
-            }
-            #[allow(deprecated)]
-            ffi::PyErr_Restore(kind, value, traceback);
-        } else if reset < 0 {
-            ffi::Py_XDECREF(result);
-            return null_mut();
-        }
+        PASSING_THROUGH.set(outer);
         result
     }
+}
+
+thread_local! {
+    /// Set while this thread runs a call passed through unobserved (case 2 of the module docs).
+    static PASSING_THROUGH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is inside a tokenizer call passed through unobserved: what a nested call
+/// of any llmtrace tokenizer method now would do (for tests and diagnostics).
+#[pyfunction]
+pub(crate) fn tokenizer_passing_through() -> bool {
+    PASSING_THROUGH.get()
 }
 
 /// The context variable's truth: `Some(value is True)`, or `None` with an exception set.

@@ -29,6 +29,10 @@ class ServingMetrics(Protocol):
     A protocol rather than an import: the runtime sits below the lifecycle modules, which
     import it, so it may not import them back."""
 
+    #: Whether :meth:`record_request` is cheap enough for the request path (list appends, no SDK
+    #: instrument): an unsampled request's metrics are then recorded where it ends.
+    records_inline: bool
+
     def record_error(self, site: str) -> None: ...
 
     def record_request(self, rec: Any) -> None: ...

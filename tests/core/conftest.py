@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from llmtrace import _runtime
 from llmtrace._otel.export import ExportStats
+from llmtrace._otel.histogram import HistogramRegistry
 from llmtrace._otel.providers import LLMTraceSampler, Providers
 from llmtrace.config import resolve
 from llmtrace.lifecycle.builder import BUILDER
@@ -49,7 +50,9 @@ class Captured:
         return found
 
 
-def install_runtime(**options: Any) -> Captured:
+def install_runtime(registry: HistogramRegistry | None = None, **options: Any) -> Captured:
+    """*registry*: the serving histograms are llmtrace's aggregated ones, as where ``instrument()``
+    owns the MeterProvider (read them from the registry); else SDK instruments on the reader."""
     exporter = InMemorySpanExporter()
     settings = resolve({"exporter": "none", "gpu": "off", **options}, environ={})
     provider = TracerProvider(sampler=LLMTraceSampler(settings.sample_ratio))
@@ -58,7 +61,7 @@ def install_runtime(**options: Any) -> Captured:
     meter_provider = MeterProvider(metric_readers=[reader])
     providers = Providers(tracer_provider=provider, meter_provider=meter_provider, owns_tracer_provider=False,
                           owns_meter_provider=False, drops=ExportStats())
-    metrics = ServingMetrics(meter_provider.get_meter("test"), providers.drops)
+    metrics = ServingMetrics(meter_provider.get_meter("test"), providers.drops, registry)
     _runtime.install(_runtime.Runtime(settings=settings, providers=providers, metrics=metrics))
     return Captured(exporter, reader)
 

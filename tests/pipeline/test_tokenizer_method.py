@@ -47,7 +47,7 @@ class Harness:
         def decode(self: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
             """The library's own decode."""
             harness.original_calls.append((self, (ids,), {"skip_special_tokens": skip_special_tokens},
-                                           harness.flag.get()))
+                                           harness.passing()))
             if fail is not None:
                 raise fail
             return " ".join(map(str, ids))
@@ -65,6 +65,11 @@ class Harness:
                                               (self.request, self.scope) if observe else None)
         functools.update_wrapper(self.method, decode)
         self.cls: Any = type("Tokenizer", (), {"decode": self.method})
+
+    def passing(self) -> bool:
+        """Whether a nested call now would pass straight through: the flag given, or this thread's
+        pass-through flag."""
+        return self.flag.get() or bool(NATIVE.tokenizer_passing_through())
 
 
 @needs_native
@@ -109,7 +114,30 @@ def test_an_unobserved_call_passes_through_with_the_flag_set_around_it() -> None
         assert harness.cls().decode([7]) == "7"
         assert [True] == [call[3] for call in harness.original_calls]
         assert [] == harness.fallback_calls == harness.timed_calls
-        assert harness.flag.get() is False
+        assert not harness.passing()
+
+
+@needs_native
+def test_calls_nested_in_a_passed_through_call_pass_through() -> None:
+    """Inside an unobserved call, a nested call of any llmtrace tokenizer method goes to its
+    original as it came — even one that would be timed on its own (an encode; a decode after the
+    request became recording) — and the flag of an outer pass-through survives the inner one."""
+    outer = Harness()
+    inner = Harness(observe=False)  # an encode: every user-level call timed
+    outer.request.set(Observed(False))
+    seen: list[bool] = []
+
+    def decode(self: Any, ids: list[int]) -> str:
+        outer.request.set(Observed(True))
+        nested = (inner.cls().decode(ids), self.decode_again(ids))
+        seen.append(bool(NATIVE.tokenizer_passing_through()))
+        return "|".join(nested)
+
+    method = NATIVE.tokenizer_method(decode, outer.method, outer.method, outer.flag, (outer.request, outer.scope))
+    cls: Any = type("Tokenizer", (), {"decode": method, "decode_again": outer.method})
+    assert cls().decode([5]) == "5|5"
+    assert [] == inner.timed_calls == outer.timed_calls == inner.fallback_calls == outer.fallback_calls
+    assert [True] == seen and not NATIVE.tokenizer_passing_through()
 
 
 @needs_native
@@ -165,7 +193,7 @@ def test_the_original_s_exception_reaches_the_caller_and_the_flag_is_reset() -> 
         with pytest.raises(type(error)) as raised:
             harness.cls().decode([1])
         assert raised.value is error and raised.traceback[-1].name == "decode"
-        assert harness.flag.get() is False
+        assert not harness.passing()
         assert [True] == [call[3] for call in harness.original_calls]
 
 

@@ -132,3 +132,19 @@ def test_slow_python_tokenizer_is_traced_once_per_call(capture_spans: Any) -> No
     assert [len(ids)] == [s.attributes[semconv.LLM_DETOKENIZE_TOKENS]
                           for s in captured.named(semconv.SPAN_DETOKENIZE)]
     assert "ByT5Tokenizer" == captured.one(semconv.SPAN_TOKENIZE).attributes[semconv.LLM_TOKENIZER_CLASS]
+
+
+def test_encoding_counts_of_every_shape_an_encode_returns() -> None:
+    """Real tokens and sequences of what transformers' encode methods return: ids (the list fast
+    path), a batch of them, a ``BatchEncoding`` whose attention mask leaves padding out, tensors."""
+    import torch
+    from transformers import BatchEncoding
+
+    from llmtrace.integrations.transformers.extractors import encoding_counts
+
+    padded = BatchEncoding({"input_ids": [[5, 6, 7], [8, 0, 0]], "attention_mask": [[1, 1, 1], [1, 0, 0]]})
+    cases = [([5, 6, 7], (3, 1)), ([], (0, 1)), ([[5, 6], [7]], (3, 2)), (padded, (4, 2)),
+             (BatchEncoding({"input_ids": [5, 6]}), (2, 1)), (torch.tensor([[5, 6, 7]]), (3, 1)),
+             (BatchEncoding({"input_ids": torch.tensor([[5, 6], [7, 8]]),
+                             "attention_mask": torch.tensor([[1, 1], [1, 0]])}), (3, 2))]
+    assert [expected for _, expected in cases] == [encoding_counts(result) for result, _ in cases]

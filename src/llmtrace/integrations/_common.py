@@ -50,7 +50,12 @@ IN_TOKENIZER = _in_tokenizer
 
 
 def tokenizer_busy() -> bool:
-    return _in_tokenizer.get()
+    """Whether a tokenizer call now would pass straight through: nested in a call llmtrace times
+    (the context variable), or in one a compiled method passed through (a flag of the thread's)."""
+    if _in_tokenizer.get():
+        return True
+    native = _native.load()
+    return native is not None and bool(native.tokenizer_passing_through())
 
 
 @contextmanager

@@ -1,7 +1,8 @@
 """Serving metrics: GenAI server histograms plus llmtrace's queue, batch and GPU-idle numbers.
 
-Recorded by the span builder thread (never on the hot path), from the same
-records that become spans, so metrics and traces always agree.
+Recorded from the same records that become spans, so metrics and traces always agree: a
+sampled request's by the span builder thread, with its spans; an unsampled one's where it ends,
+when recording is list appends (llmtrace's aggregated histograms), else by the builder too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 from llmtrace import semconv
-from llmtrace._otel.histogram import MAX_PENDING, HistogramRecorder, HistogramRegistry, histogram
+from llmtrace._otel.histogram import MAX_PENDING, AggregatedHistogram, HistogramRecorder, HistogramRegistry, histogram
 from llmtrace.lifecycle.phases import prompt_cache_of, queue_ns
 from llmtrace.lifecycle.stats import NS, tpot_s
 
@@ -56,7 +57,14 @@ class ServingMetrics:
                            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
         # Summed here and observed at collection: two SDK Counter.add calls a request (attribute
         # checks, hashing, a lock each) were most of what an unsampled request cost the span builder.
+        # Requests append (prompt tokens, (cached, transferred), model) from any thread; the sums
+        # are folded under a lock, as the aggregated histograms' are.
         self._prompt_tokens: dict[tuple[str, Any], int] = {}
+        self._provenance_pending: list[tuple[int, tuple[int, int], Any]] = []
+        self._provenance_lock = threading.Lock()
+        #: Recording a request is a few list appends (see :meth:`record_request`): the request's
+        #: own thread may do it (see ``RequestHandle._end``).
+        self.records_inline = all(isinstance(recorder, AggregatedHistogram) for recorder in self._recorders())
         meter.create_observable_counter(
             semconv.METRIC_PROMPT_TOKENS, [self._observe_prompt_tokens], unit="{token}",
             description="Prompt tokens by where their KV came from: computed, prefix cache, KV transfer")
@@ -99,21 +107,29 @@ class ServingMetrics:
         if queue_s is not None:
             self._queue.record((queue_s, key))
         if rec.prompt_tokens is not None and (cache := prompt_cache_of(rec)) is not None:
-            self._record_provenance(rec.prompt_tokens, cache, model)
+            self._provenance_pending.append((rec.prompt_tokens, cache, model))
         self._fold_if_full()
 
-    def _record_provenance(self, prompt_tokens: int, cache: tuple[int, int], model: Any) -> None:
-        cached, transferred = cache
-        computed = max(0, prompt_tokens - cached - transferred)
-        totals = self._prompt_tokens  # written by the span builder's thread only
-        for source, count in (("computed", computed), ("cached", cached), ("transferred", transferred)):
-            if count:
-                key = (source, model)
-                totals[key] = totals.get(key, 0) + count
+    def _fold_provenance(self) -> None:
+        with self._provenance_lock:
+            # Recorders only append: the first n items are exactly the ones copied (see
+            # AggregatedHistogram.fold), so no request is lost to a concurrent append.
+            pending = self._provenance_pending
+            count = len(pending)
+            items = pending[:count]
+            del pending[:count]
+            totals = self._prompt_tokens
+            for prompt_tokens, (cached, transferred), model in items:
+                computed = max(0, prompt_tokens - cached - transferred)
+                for source, tokens in (("computed", computed), ("cached", cached), ("transferred", transferred)):
+                    if tokens:
+                        key = (source, model)
+                        totals[key] = totals.get(key, 0) + tokens
 
     def _observe_prompt_tokens(self, options: CallbackOptions) -> list[Observation]:
+        self._fold_provenance()
         observations = []
-        for (source, model), total in list(self._prompt_tokens.items()):  # a copy: the builder may add a key
+        for (source, model), total in list(self._prompt_tokens.items()):  # a copy: a fold may add a key
             attrs = {semconv.LLM_PROMPT_TOKEN_SOURCE: source}
             if model is not None:
                 attrs[semconv.GEN_AI_REQUEST_MODEL] = model
@@ -132,10 +148,15 @@ class ServingMetrics:
             with self._idle_lock:
                 self._idle[engine_id] = max(0.0, 1.0 - busy / span)
 
+    def _recorders(self) -> tuple[HistogramRecorder, ...]:
+        return self._ttft, self._tpot, self._duration, self._tokens, self._queue, self._batch
+
     def _fold_if_full(self) -> None:
-        for recorder in (self._ttft, self._tpot, self._duration, self._tokens, self._queue, self._batch):
+        for recorder in self._recorders():
             if len(recorder.pending) >= MAX_PENDING:
                 recorder.fold()
+        if len(self._provenance_pending) >= MAX_PENDING:
+            self._fold_provenance()
 
     def _observe_idle(self, options: CallbackOptions) -> list[Observation]:
         with self._idle_lock:

@@ -245,11 +245,17 @@ class RequestHandle:
         if output_tokens is not None:
             self._reported_tokens = output_tokens
         self.completion = completion
-        # Most requests in production have nothing to build: unsampled, and their metrics are
-        # recorded by the process that owns ``llm.request`` (an engine behind an API server
-        # does not). Those skip the builder's queue and its wake-up.
-        if self.recording or (self.owns_span and _runtime.serving_metrics() is not None):
+        if self.recording:
             BUILDER.submit(self._materialise)
+        elif self.owns_span and (metrics := _runtime.serving_metrics()) is not None:
+            # Most requests in production are unsampled: nothing to build but their metrics
+            # (recorded by the process that owns ``llm.request``; an engine behind an API server
+            # does not). Where recording them is a few list appends, they are recorded here: the
+            # builder's queue and a wake-up of its thread cost more than the appends.
+            if metrics.records_inline:
+                metrics.record_request(self)
+            else:
+                BUILDER.submit(self._materialise)
 
     def _materialise(self) -> None:
         metrics = _runtime.serving_metrics()

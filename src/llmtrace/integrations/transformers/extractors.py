@@ -34,8 +34,14 @@ def _rows(value: Any) -> int:
 
 def encoding_counts(result: Any) -> tuple[int, int]:
     """(real tokens, sequences) of a ``BatchEncoding``: padding is not counted."""
+    if type(result) is list:  # encode()'s ids, once per request: without the ABC checks below
+        return _list_counts(result)
     if not isinstance(result, Mapping):
         return _numel(result), _rows(result)
+    return _mapping_counts(result)
+
+
+def _mapping_counts(result: Mapping[str, Any]) -> tuple[int, int]:
     mask = result.get("attention_mask")
     ids = result.get("input_ids")
     source = ids if ids is not None else mask
@@ -49,6 +55,12 @@ def encoding_counts(result: Any) -> tuple[int, int]:
     if mask and isinstance(mask[0], Sequence):
         return sum(sum(row) for row in mask), batch
     return sum(mask), batch
+
+
+def _list_counts(ids: list[Any]) -> tuple[int, int]:
+    if ids and type(ids[0]) is list:  # a batch
+        return sum(map(len, ids)), len(ids)
+    return len(ids), 1
 
 
 def ids_count(ids: Any) -> int:
