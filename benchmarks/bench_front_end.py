@@ -82,7 +82,10 @@ def _app(arm: str, out: str, tokens: int) -> Any:
         import llmtrace
 
         ratio = SAMPLE_RATIOS[arm]
-        llmtrace.instrument(exporter=f"file:{out}", gpu="off", sample_ratio=ratio, engine_sample_ratio=ratio)
+        # The span export interval as bench_reference_server.py's COUNTED_OPTIONS set it (valgrind's
+        # slowdown would otherwise wake the exporter and the builder once per request or so).
+        llmtrace.instrument(exporter=f"file:{out}", gpu="off", sample_ratio=ratio, engine_sample_ratio=ratio,
+                            span_export_interval_s=50.0)
     from llmtrace.server.app import TOKENIZER_CACHE, CompletionService, _answer
     from llmtrace.server.protocol import parse_completion
     from llmtrace.server.tiny_model import train_tokenizer

@@ -7,7 +7,8 @@ it (option ``exporter`` <-> ``LLMTRACE_EXPORTER``). Precedence, highest first:
 2. ``LLMTRACE_*`` environment variables;
 3. the standard ``OTEL_*`` variables where one applies (``OTEL_SERVICE_NAME``,
    ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_PROTOCOL``,
-   ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_TRACES_SAMPLER(_ARG)``);
+   ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_TRACES_SAMPLER(_ARG)``, ``OTEL_BSP_SCHEDULE_DELAY``,
+   ``OTEL_METRIC_EXPORT_INTERVAL``);
    ``OTEL_RESOURCE_ATTRIBUTES`` is merged into the resource by the OTel SDK;
 4. the defaults below.
 
@@ -180,7 +181,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("gpu", _choice(*GPU_MODES), "auto", "GPU sampling: `auto` (when NVML finds a device), `on`, `off`."),
     Option("gpu_interval_s", _number(float, 0.001, 60.0), 0.1, "NVML sampling period, seconds."),
     Option("metrics", _bool, True, "Export serving and GPU metrics."),
-    Option("metrics_interval_s", _number(float, 0.1, 3600.0), 10.0, "Metric export period, seconds."),
+    Option("metrics_interval_s", _number(float, 0.1, 3600.0), 10.0, "Metric export period, seconds.",
+           "OTEL_METRIC_EXPORT_INTERVAL"),
+    Option("span_export_interval_s", _number(float, 0.01, 3600.0), 1.0,
+           "How long a span waits in the export queue at most, seconds: the exporter sends what is "
+           "queued this often, and a full batch (512 spans) at once.", "OTEL_BSP_SCHEDULE_DELAY"),
     Option("max_queue_size", _number(int, 16, 10_000_000), 8192,
            "Spans held in memory for export at most; beyond it (or `max_queue_bytes`) a span goes to the "
            "spill (see `spill_max_bytes`), else it is dropped and counted (`llmtrace.spans.dropped`, "
@@ -242,6 +247,7 @@ class Settings:
     gpu_interval_s: float = 0.1
     metrics: bool = True
     metrics_interval_s: float = 10.0
+    span_export_interval_s: float = 1.0
     max_queue_size: int = 8192
     max_queue_bytes: int = 32 * 1024 * 1024
     spill_dir: str | None = None
@@ -278,7 +284,17 @@ def _otel_fallback(option: Option, environ: Mapping[str, str]) -> str | None:
         return None
     if option.name == "sample_ratio":
         return _ratio_from_otel_sampler(environ)
-    return environ.get(option.otel_env) or None
+    value = environ.get(option.otel_env) or None
+    if value is not None and option.otel_env in _OTEL_MILLISECONDS:
+        try:
+            return str(float(value) / 1000)
+        except ValueError:
+            raise ConfigError(f"{option.otel_env}: {value!r} is not a number of milliseconds") from None
+    return value
+
+
+#: OpenTelemetry's variables that give a period in milliseconds, where llmtrace's option takes seconds.
+_OTEL_MILLISECONDS = frozenset({"OTEL_BSP_SCHEDULE_DELAY", "OTEL_METRIC_EXPORT_INTERVAL"})
 
 
 def _ratio_from_otel_sampler(environ: Mapping[str, str]) -> str | None:
@@ -323,7 +339,9 @@ def markdown_table() -> str:
     """The configuration table of docs/configuration.md and the README."""
     rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
     for option in OPTIONS:
-        env = f"`{option.env}`" + (f" (or `{option.otel_env}`)" if option.otel_env else "")
+        otel = option.otel_env
+        unit = ", milliseconds" if otel in _OTEL_MILLISECONDS else ""
+        env = f"`{option.env}`" + (f" (or `{otel}`{unit})" if otel else "")
         rows.append(f"| `{option.name}` | {env} | `{option.default!r}` | {option.doc} |")
     return "\n".join(rows)
 

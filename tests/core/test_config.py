@@ -36,8 +36,11 @@ def test_standard_otel_variables_are_honoured() -> None:
         "OTEL_EXPORTER_OTLP_HEADERS": "api-key=secret,tenant=a",
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_BSP_SCHEDULE_DELAY": "5000",
+        "OTEL_METRIC_EXPORT_INTERVAL": "60000",
     })
     assert "http://collector:4318" == settings.endpoint
+    assert (5.0, 60.0) == (settings.span_export_interval_s, settings.metrics_interval_s)  # milliseconds there
     assert "http/protobuf" == settings.protocol
     assert {"api-key": "secret", "tenant": "a"} == settings.headers
     assert 0.25 == settings.sample_ratio
@@ -89,6 +92,7 @@ def test_any_choice_with_on_and_off_reads_booleans() -> None:
     ({"integrations": "torch,tensorflow"}, {}, r"unknown integration 'tensorflow' \(known: tokenizers"),
     ({}, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, r"OTEL_TRACES_SAMPLER: 'jaeger_remote' is not one of"),
     ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, r"'novalue' is not key=value"),
+    ({}, {"OTEL_BSP_SCHEDULE_DELAY": "5s"}, r"OTEL_BSP_SCHEDULE_DELAY: '5s' is not a number of milliseconds"),
 ])
 def test_bad_input_names_the_option_and_the_allowed_values(options: dict[str, str], env: dict[str, str],
                                                            message: str) -> None:

@@ -72,6 +72,32 @@ def test_the_export_threads_cpu_time_is_counted(tmp_path: Path) -> None:
     provider.shutdown()
 
 
+def test_the_export_interval_is_how_long_a_span_waits_in_the_queue(tmp_path: Path) -> None:
+    """``span_export_interval_s``: with 0.05 s a lone span reaches the file without a flush; with an
+    hour it waits in the queue (a flush still sends it)."""
+    import time
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from llmtrace._otel.export import BoundedSpanProcessor, ExportStats, JsonLinesSpanExporter, open_sink
+
+    written = {}
+    for interval in (0.05, 3600.0):
+        path = tmp_path / f"{interval}.jsonl"
+        processor = BoundedSpanProcessor(JsonLinesSpanExporter(open_sink(str(path))), ExportStats(), 1000, "t",
+                                         interval_s=interval)
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        provider.get_tracer("t").start_span("s").end()
+        deadline = time.monotonic() + (5.0 if interval < 1 else 1.0)
+        while time.monotonic() < deadline and not (path.exists() and path.read_text()):
+            time.sleep(0.02)
+        written[interval] = bool(path.exists() and path.read_text())
+        assert processor.force_flush(10_000) and path.read_text().count("\n") == 1
+        provider.shutdown()
+    assert {0.05: True, 3600.0: False} == written
+
+
 def test_spans_handed_over_together_keep_their_order_bounds_and_sampling(tmp_path: Path) -> None:
     """on_end_many (the span builder's call) fills the SDK batch queue directly: the spans reach the
     exporter in the order given, unsampled ones are left out, and a full queue drops and counts the

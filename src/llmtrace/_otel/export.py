@@ -352,7 +352,7 @@ class BoundedSpanProcessor(SpanProcessor):
     """
 
     def __init__(self, exporter: SpanExporter, drops: ExportStats, max_queue_size: int, name: str,
-                 max_queue_bytes: int = 1 << 62, spill: _Spill | None = None) -> None:
+                 max_queue_bytes: int = 1 << 62, spill: _Spill | None = None, interval_s: float = 1.0) -> None:
         # [spans, bytes] pending; a list so the exporter wrapper can decrement it; GIL-atomic enough for a bound
         self._pending = [0, 0]
         if hasattr(os, "register_at_fork"):  # a forked child's batch processor starts with an empty queue
@@ -368,7 +368,7 @@ class BoundedSpanProcessor(SpanProcessor):
             self._counting,
             max_queue_size=max_queue_size,
             max_export_batch_size=min(512, max_queue_size),
-            schedule_delay_millis=1000,
+            schedule_delay_millis=interval_s * 1000,  # the SDK worker's wake-up period (span_export_interval_s)
             export_timeout_millis=5000,
         )
         self._sdk_queue = _sdk_batch_queue(self._batch)

@@ -279,10 +279,10 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
             elif kind == "otlp" and (spilling := with_spill(exporter, settings, drops)) is not None:
                 breaker, spiller = spilling
                 processor = BoundedSpanProcessor(breaker, drops, settings.max_queue_size, name,
-                                                 settings.max_queue_bytes, spiller)
+                                                 settings.max_queue_bytes, spiller, settings.span_export_interval_s)
             else:
                 processor = BoundedSpanProcessor(exporter, drops, settings.max_queue_size, name,
-                                                 settings.max_queue_bytes)
+                                                 settings.max_queue_bytes, interval_s=settings.span_export_interval_s)
             processors.append(processor)
     if host_tp is None:
         sampler = LLMTraceSampler(settings.sample_ratio)

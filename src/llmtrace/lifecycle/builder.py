@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from llmtrace import _runtime
 from llmtrace._otel.gil import GilYield
 from llmtrace._safety import record_error, warn_once
 
@@ -24,20 +25,28 @@ log = logging.getLogger("llmtrace")
 MAX_PENDING = 100_000
 
 
-#: How long the builder lets records pile up after the first one wakes it: one wake-up (and
-#: one GIL hand-off) per batch instead of per record. Spans appear this much later at most;
-#: ``flush()`` skips the wait.
-BATCH_S = 0.05
+#: How long the builder lets records pile up after the first one wakes it, as a share of the span
+#: export interval (``span_export_interval_s``): one wake-up (and one GIL hand-off) per batch
+#: instead of per record. A finished span waits in the export queue for up to that interval
+#: anyway; this adds a twentieth to it at most. ``flush()`` skips the wait.
+BATCH_SHARE = 0.05
+#: The batching pause at the default export interval (1 s).
+BATCH_S = BATCH_SHARE * 1.0
+
+
+def _batch_s() -> float:
+    return _runtime.settings().span_export_interval_s * BATCH_SHARE
 
 
 class SpanBuilder:
     """A named daemon thread running span-building jobs in order.
 
     Submitting appends to a deque (atomic under the GIL: no lock, no futex) and wakes the
-    thread only when it sleeps; awake, the thread runs what arrived every :data:`BATCH_S`
-    and sleeps again after a round with nothing to do. On the traced reference server the
-    per-record wake-up (``SimpleQueue.put``) was the serving threads' largest single llmtrace
-    line in a sampling profile (docs/performance.md, "Where the server's CPU goes").
+    thread only when it sleeps; awake, the thread runs what arrived every :data:`BATCH_S` (at the
+    default export interval) and sleeps again after a round with nothing to do. On the traced
+    reference server the per-record wake-up (``SimpleQueue.put``) was the serving threads'
+    largest single llmtrace line in a sampling profile (docs/performance.md, "Where the
+    server's CPU goes").
     """
 
     def __init__(self) -> None:
@@ -86,7 +95,7 @@ class SpanBuilder:
             # hand-off per batch were the largest single llmtrace line of a vLLM API server's
             # profile); one empty round puts it back to sleep.
             while True:
-                self._hurry.wait(BATCH_S)  # let a busy moment's records arrive: one round for all
+                self._hurry.wait(_batch_s())  # let a busy moment's records arrive: one round for all
                 self._hurry.clear()
                 if self._pending:
                     if not self._drain():
