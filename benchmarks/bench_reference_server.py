@@ -282,6 +282,7 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
             proc.wait(900)
         if proc.returncode != 0:
             raise SystemExit(f"{arm}: the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        _check_exported(arm, Path(tmp, "telemetry.jsonl"), concurrency + requests)
         threads = _callgrind.totals_by_thread(Path(tmp))
     totals: dict[int, int] = {}
     for (pid, _), count in threads.items():
@@ -297,6 +298,29 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
     by_thread = {f"{'front end' if pid == proc.pid else 'engine'} thread {number}": count
                  for (pid, number), count in sorted(threads.items()) if pid in (proc.pid, engine)}
     return {"front end": front_end, "engine": totals[engine], **by_thread}, tokens
+
+
+#: Spans every request of a fully traced counted run must have left in its file: the API server's
+#: SERVER span and ``llm.request``, the engine's ``llm.decode``.
+EXPORTED_PER_REQUEST = ("POST /v1/completions", "llm.request", "llm.decode")
+
+
+def _check_exported(arm: str, path: Path, served: int) -> None:
+    """The counted run's telemetry holds what it should: every span of the *served* requests when
+    fully traced, none at 0 %. A count that left spans unexported at shut-down would be too low."""
+    if arm not in ("full", "llmtrace_0"):
+        return
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines() if path.exists() else ():
+        for resource in json.loads(line).get("resourceSpans", ()):
+            for scope in resource.get("scopeSpans", ()):
+                for span in scope.get("spans", ()):
+                    counts[span["name"]] = counts.get(span["name"], 0) + 1
+    expected = {name: served if arm == "full" else 0 for name in EXPORTED_PER_REQUEST}
+    found = {name: counts.get(name, 0) for name in EXPORTED_PER_REQUEST}
+    if found != expected:
+        raise SystemExit(f"{arm}: the counted run exported {found} spans, not {expected}: its count is not "
+                         f"the whole cost")
 
 
 def instructions(arms: list[str], requests: int, base: int, concurrency: int, max_tokens: int,

@@ -166,8 +166,8 @@ def tokenizer_method(
     thread, goes to ``original`` as it came; with ``observe`` = ``(request_var, scope_var)``, a call
     whose current request — or, with none, server scope — has a false ``recording`` goes to
     ``original`` with this thread's pass-through flag (``tokenizer_passing_through``) set around it,
-    one whose ``recording`` is true (and, without ``observe``, every call) to ``timed``; a call it
-    cannot decide to ``fallback``, the Python method."""
+    one whose ``recording`` is true (and, without ``observe``, every call) to ``timed`` with that
+    flag set around it too; a call it cannot decide to ``fallback``, the Python method."""
 
 def tokenizer_passing_through() -> bool:
     """Whether this thread runs a tokenizer call a ``tokenizer_method`` passed through unobserved

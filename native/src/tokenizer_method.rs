@@ -21,7 +21,8 @@
 //!    tokenizer, where a call of another greenlet would pass through unobserved until it does;
 //! 3. a call that is observed — every user-level encode; a decode whose current request, or else
 //!    server scope, is recording — goes to `timed`, the Python function that times and reports
-//!    it (what the Python method calls for it too);
+//!    it (what the Python method calls for it too), with the pass-through flag set around it as
+//!    in case 2: the calls nested in it pass through, and `timed` sets no flag of its own;
 //! 4. everything else goes to `fallback`, the Python method itself (the reference, which decides
 //!    again): a decode with neither a request nor a scope current, and any error while looking
 //!    (the Python method then decides, and counts the error).
@@ -350,15 +351,15 @@ unsafe extern "C" fn call(
                 None => None,
             }
         };
-        match observed {
-            Some(true) => return ffi::PyObject_Vectorcall(raw.timed, args, nargsf, kwnames),
+        let callee = match observed {
+            Some(true) => raw.timed,
             None => return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames),
-            Some(false) => {}
-        }
+            Some(false) => raw.original,
+        };
         // Restoring the flag touches no Python state: the callee's result or exception (a pyo3
         // `PanicException` included) reaches the caller exactly as it came.
         let outer = PASSING_THROUGH.replace(true);
-        let result = ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
+        let result = ffi::PyObject_Vectorcall(callee, args, nargsf, kwnames);
         PASSING_THROUGH.set(outer);
         result
     }

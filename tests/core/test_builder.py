@@ -8,6 +8,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from llmtrace.lifecycle.builder import BATCH_S, SpanBuilder
 
@@ -92,3 +93,20 @@ def test_records_from_many_threads_all_run_while_the_thread_sleeps_and_wakes() -
         assert _wait_for(lambda: counter[0] == 800), counter  # without a flush: no record waits for a wake-up forever
     finally:
         builder.stop()
+
+
+def test_the_batching_pause_is_a_twentieth_of_the_span_export_interval(runtime_with: Any) -> None:
+    """A record submitted to a sleeping builder runs after the batching pause, which follows
+    ``span_export_interval_s``: 0.05 s at the default 1 s; 0.5 s at 10 s (a span waits up to the
+    interval in the export queue anyway)."""
+    waited = {}
+    for interval in (1.0, 10.0):
+        runtime_with(span_export_interval_s=interval)
+        builder = SpanBuilder()
+        done = threading.Event()
+        start = time.monotonic()
+        builder.submit(done.set)
+        assert done.wait(10)
+        waited[interval] = time.monotonic() - start
+        builder.stop(5)
+    assert BATCH_S <= waited[1.0] < waited[10.0] and 0.5 <= waited[10.0]

@@ -42,6 +42,7 @@ class Harness:
         self.original_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any], bool]] = []
         self.fallback_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         self.timed_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+        self.timed_flags: list[bool] = []  # whether the timing function's nested calls pass through
         harness = self
 
         def decode(self: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -54,6 +55,7 @@ class Harness:
 
         def timed(self: Any, *args: Any, **kwargs: Any) -> str:
             harness.timed_calls.append((self, args, kwargs))
+            harness.timed_flags.append(harness.passing())
             return "timed"
 
         def fallback(self: Any, *args: Any, **kwargs: Any) -> str:
@@ -144,7 +146,7 @@ def test_calls_nested_in_a_passed_through_call_pass_through() -> None:
 def test_an_observed_call_is_timed() -> None:
     """A sampled request current (even inside an unsampled call), a sampled call with no request
     current, or a method whose every user-level call is timed (an encode): the timing function
-    gets the call as it came."""
+    gets the call as it came, with the pass-through flag set around it (and reset after)."""
     cases = [Harness(), Harness(), Harness(observe=False)]
     cases[0].scope.set(Observed(False))
     cases[0].request.set(Observed(True))
@@ -155,6 +157,7 @@ def test_an_observed_call_is_timed() -> None:
         assert instance.decode([7], skip_special_tokens=True) == "timed"
         assert [(instance, ([7],), {"skip_special_tokens": True})] == harness.timed_calls
         assert [] == harness.original_calls and [] == harness.fallback_calls
+        assert [True] == harness.timed_flags and not harness.passing()
 
 
 @needs_native

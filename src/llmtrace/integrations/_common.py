@@ -226,28 +226,31 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
 
     Where llmtrace-native is built, the method put on the class is its compiled form
     (``tokenizer_method``, native/src/tokenizer_method.rs), which takes the pass-through cases
-    itself — a nested call, an unobserved decode — hands an observed call to the same ``timed``
-    function, and every call it cannot decide to this Python method, the reference: a streamed
-    token at 0 % sampling costs no Python frame of llmtrace's.
-    ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone."""
+    itself — a nested call, an unobserved decode — hands an observed call to ``report``, the
+    same timing the Python method does, with its own pass-through flag set around it (a flag of
+    the thread's, cheaper than the context variable), and every call it cannot decide to this
+    Python method, the reference: a streamed token at 0 % sampling costs no Python frame of
+    llmtrace's. ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone."""
 
     def make(original: Any) -> Any:
-        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-            """A user-level call that something records: timed, then reported."""
-            token = _in_tokenizer.set(True)
+        def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+            """A user-level call that something records, timed and reported; the caller makes its
+            nested calls pass through (a flag set around this call)."""
             start = monotonic_ns()
             try:
                 result = original(self, *args, **kwargs)
-            except Exception as exc:
-                _in_tokenizer.reset(token)
+            except Exception as exc:  # the call's failure, reported; an interrupt is not
                 after(original, self, args, kwargs, None, start, exc)
                 raise
-            except BaseException:  # an interrupt: not the call's failure, but the flag is this call's
-                _in_tokenizer.reset(token)
-                raise
-            _in_tokenizer.reset(token)
             after(original, self, args, kwargs, result, start, None)
             return result
+
+        def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+            token = _in_tokenizer.set(True)
+            try:
+                return report(self, *args, **kwargs)
+            finally:
+                _in_tokenizer.reset(token)
 
         @functools.wraps(original)
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -268,7 +271,7 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
         if native is None:
             return method
         # The compiled method asks what _decode_observed asks first, from the same variables.
-        compiled = native.tokenizer_method(original, timed, method, _in_tokenizer,
+        compiled = native.tokenizer_method(original, report, method, _in_tokenizer,
                                            None if observed is None else (REQUEST_VAR, SCOPE_VAR))
         functools.update_wrapper(compiled, original)
         return compiled
