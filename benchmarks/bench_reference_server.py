@@ -38,8 +38,11 @@ On a VM whose speed drifts by more than the budgets, ``--instructions`` counts i
 
 each arm a fresh server under callgrind, both processes and every thread counted from the end
 of the warm-up to the end of its shut-down, a run of --requests and one of --base requests
-differenced (:func:`count_server`, :func:`print_instructions`). The front end's count is exact;
-the engine's moves with how its batches fill, by up to ~1.6 % of the server between runs.
+differenced (:func:`count_server`, :func:`print_instructions`). The engine starts each wave of
+--concurrency requests as one batch (``EngineConfig.gather_batch``): every arm runs the same
+steps with the same batches, however fast its front end hands requests over, so both processes'
+counts are exact (free to batch as they arrive, the engine's count moved by up to ~1.6 % of the
+server between runs).
 """
 
 from __future__ import annotations
@@ -73,6 +76,8 @@ CONFIGS = {
 #: its default, so that the exporter thread's periodic wake-up and the builder's batches serve
 #: as many requests as at full speed rather than one each.
 COUNTED_OPTIONS = {"engine_window_s": 3600.0, "metrics_interval_s": 3600.0, "span_export_interval_s": 50.0}
+#: The engine's batch limit; a counted run's clients, each wave of them one batch, fit in it.
+MAX_BATCH = 16
 #: Arms whose instruction counts are mixed into the sampling ratios between them (see
 #: :func:`print_instructions`): a request costs what its sampling decision makes it cost.
 MIXED = {"llmtrace_1": 0.01, "production": 0.1}
@@ -146,10 +151,10 @@ def _server_cpu_s() -> float:
     return _cpu_s(me) + sum(_cpu_s(child) for child in _children(me))
 
 
-def child(config: str, out: str, counted: bool = False) -> None:
+def child(config: str, out: str, counted: bool = False, gather: int = 0) -> None:
     """One server, in this (fresh) process: prints its URL, then its CPU time whenever asked.
     *counted*: run under callgrind (:func:`count_server`), with the clocks that valgrind's
-    slowdown would distort taken off (see there)."""
+    slowdown would distort taken off (see there); *gather*: the engine's ``gather_batch``."""
     options = CONFIGS[config]
     if options is not None:
         import llmtrace
@@ -160,7 +165,7 @@ def child(config: str, out: str, counted: bool = False) -> None:
     from llmtrace.server.app import create_app
     from llmtrace.server.runner import ServerThread
 
-    app = create_app({"total_blocks": 512, "max_batch": 16})
+    app = create_app({"total_blocks": 512, "max_batch": MAX_BATCH, "gather_batch": gather})
     if config == "otel":  # what a user gets from OpenTelemetry alone: the HTTP layer, 10 % of traces
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
         from opentelemetry.sdk.metrics import MeterProvider
@@ -263,7 +268,7 @@ def count_server(arm: str, requests: int, concurrency: int, max_tokens: int) -> 
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp, "stderr.log")
         command = [*_callgrind.process_tree_command(Path(tmp)), sys.executable, __file__, "--child", arm,
-                   "--counted", "--out", str(Path(tmp, "telemetry.jsonl"))]
+                   "--counted", "--gather", str(concurrency), "--out", str(Path(tmp, "telemetry.jsonl"))]
         with log.open("w") as errors, subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                        stderr=errors, text=True) as proc:
             assert proc.stdin is not None and proc.stdout is not None
@@ -381,6 +386,11 @@ def _arms(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str
         parser.error("--baseline-src compares timings; with --instructions run each tree on its own")
     if args.instructions and args.requests <= args.base:
         parser.error(f"--requests ({args.requests}) must be more than --base ({args.base})")
+    if args.instructions and (args.concurrency > MAX_BATCH or args.requests % args.concurrency
+                              or args.base % args.concurrency):
+        parser.error(f"--instructions: the engine starts each wave of --concurrency requests as one batch, so "
+                     f"--concurrency ({args.concurrency}) must be at most {MAX_BATCH} and divide --requests "
+                     f"({args.requests}) and --base ({args.base})")
     if args.baseline_src and not Path(args.baseline_src, "src", "llmtrace", "__init__.py").is_file():
         parser.error(f"--baseline-src {args.baseline_src}: no src/llmtrace/__init__.py there (give the checkout's "
                      f"root, not its src/)")
@@ -454,10 +464,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the results as one JSON object at the end")
     parser.add_argument("--child", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--counted", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--gather", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.out, args.counted)
+        child(args.child, args.out, args.counted, args.gather)
         return
     arms = _arms(parser, args)
     if args.instructions:

@@ -56,3 +56,35 @@ def test_a_message_without_a_request_id_is_ignored() -> None:
     engine.handle("add", ["not", "a", "dict"])
     engine.handle("add", {"request_id": 5})
     assert ([], False) == (outbox.sent, engine.has_work)
+
+
+def test_a_gathering_engine_starts_a_wave_of_requests_as_one_batch() -> None:
+    """``gather_batch=3`` (counted benchmarks): with nothing running the engine waits — blocked on
+    its queue, not polling — until three requests wait, then runs them as one batch to the end."""
+    import queue
+    import threading
+
+    from llmtrace.server.engine import EngineConfig, ReferenceEngine, _take_messages
+
+    outbox = Outbox()
+    engine = ReferenceEngine(EngineConfig(vocab_size=VOCAB, eos_token_id=0, gather_batch=3), outbox)
+    messages: queue.Queue[tuple[str, Any]] = queue.Queue()
+    messages.put(("add", {**GOOD, "request_id": "r0", "max_tokens": 4}))
+    assert _take_messages(engine, messages)  # what was there, taken at once
+    assert engine.gathering and not engine.has_work
+    taken = threading.Thread(target=_take_messages, args=(engine, messages))
+    taken.start()
+    taken.join(0.5)
+    assert taken.is_alive()  # one request waits: the engine waits for the next message, however long
+    messages.put(("add", {**GOOD, "request_id": "r1", "max_tokens": 4}))
+    taken.join(10)
+    assert not taken.is_alive() and engine.gathering
+    engine.handle("add", {**GOOD, "request_id": "r2", "max_tokens": 4})
+    assert engine.has_work and not engine.gathering
+    batches = []
+    while engine.has_work:
+        engine.step()
+        batches.append(len(outbox.sent[-1][1]) + len(outbox.sent[-1][2]))
+    finished = {f[0] for m in outbox.sent if m[0] == "outputs" for f in m[2]}
+    assert 3 == batches[0] and {"r0", "r1", "r2"} == finished
+    assert engine.gathering  # the wave is over: the next one is gathered the same way

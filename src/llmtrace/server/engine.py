@@ -62,6 +62,10 @@ class EngineConfig:
     #: This engine recomputes every token each step, so without it a cache hit saves no time;
     #: the demo sets it to show what a hit is worth on an engine with a KV cache.
     prefill_token_delay_s: float = 0.0
+    #: For counted benchmarks: with nothing running, wait (blocked, not polling) until this many
+    #: requests wait, and start them as one batch. A load of that many clients then runs the same
+    #: steps with the same batches however fast its front end is; 0 steps as soon as one waits.
+    gather_batch: int = 0
 
 
 class ReferenceEngine:
@@ -297,7 +301,14 @@ class ReferenceEngine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.scheduler.running or self.scheduler.waiting)
+        """A step to run: something running, or enough waiting (one, or ``gather_batch``)."""
+        waiting = len(self.scheduler.waiting)
+        return bool(self.scheduler.running) or waiting >= max(1, self.config.gather_batch)
+
+    @property
+    def gathering(self) -> bool:
+        """Nothing runs and fewer than ``gather_batch`` requests wait: the next message is awaited."""
+        return self.config.gather_batch > 0 and not self.has_work
 
 
 def run_engine(config: EngineConfig, in_queue: Any, outbox: Any) -> None:
@@ -332,14 +343,15 @@ def run_engine(config: EngineConfig, in_queue: Any, outbox: Any) -> None:
 
 
 def _take_messages(engine: ReferenceEngine, in_queue: Any) -> bool:
-    """Apply every waiting message (waiting up to IDLE_POLL_S for one when idle); False means shut down."""
-    timeout = 0 if engine.has_work else IDLE_POLL_S
+    """Apply every waiting message (waiting up to IDLE_POLL_S for one when idle, as long as it takes
+    while gathering a batch); False means shut down."""
+    wait: float | None = 0 if engine.has_work else None if engine.gathering else IDLE_POLL_S
     while True:
         try:
-            kind, payload = in_queue.get(timeout=timeout) if timeout else in_queue.get_nowait()
+            kind, payload = in_queue.get(timeout=wait) if wait != 0 else in_queue.get_nowait()
         except queue.Empty:
             return True
-        timeout = 0
+        wait = 0
         try:
             if not engine.handle(kind, payload):
                 return False
