@@ -1,9 +1,8 @@
 """Instructions per request in the reference server's front end, with the engine answered in-process.
 
 ``bench_reference_server.py --instructions`` counts the whole server (front end and engine
-processes) and is the measure of record, but one run takes over twenty minutes and its engine
-count moves by ±0.8M instructions a request between runs (how full its batches get depends on
-timing). llmtrace's cost is almost all in the front end, so this benchmark counts that alone, in
+processes) and is the measure of record, but one run takes over twenty minutes. At production
+sampling llmtrace's cost is almost all in the front end, so this benchmark counts that alone, in
 one process and to the instruction: the reference server's own request path — the FastAPI
 route, body parsing, :class:`~llmtrace.server.app.CompletionService` (the trained tokenizer's
 encode, ``llm.request``, the carrier for the engine, the detokenizing stream of OpenAI chunks)
