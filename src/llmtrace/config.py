@@ -183,7 +183,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("metrics", _bool, True, "Export serving and GPU metrics."),
     Option("metrics_interval_s", _number(float, 0.1, 3600.0), 10.0, "Metric export period, seconds.",
            "OTEL_METRIC_EXPORT_INTERVAL"),
-    Option("span_export_interval_s", _number(float, 0.01, 3600.0), 1.0,
+    Option("span_export_interval_s", _number(float, 0.001, 3600.0), 1.0,
            "How long a span waits in the export queue at most, seconds: the exporter sends what is "
            "queued this often, and a full batch (512 spans) at once.", "OTEL_BSP_SCHEDULE_DELAY"),
     Option("max_queue_size", _number(int, 16, 10_000_000), 8192,
@@ -327,7 +327,10 @@ def resolve(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, st
         elif environ.get(option.env):
             values[option.name] = option.parse(option.env, environ[option.env])
         elif (fallback := _otel_fallback(option, environ)) is not None:
-            values[option.name] = option.parse(option.otel_env or option.env, fallback)
+            name = option.otel_env or option.env
+            if name in _OTEL_MILLISECONDS:
+                name += " (in seconds)"  # a range error shows the value converted
+            values[option.name] = option.parse(name, fallback)
         else:
             values[option.name] = option.default
     if values["exporter"] is None:

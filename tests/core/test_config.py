@@ -93,6 +93,8 @@ def test_any_choice_with_on_and_off_reads_booleans() -> None:
     ({}, {"OTEL_TRACES_SAMPLER": "jaeger_remote"}, r"OTEL_TRACES_SAMPLER: 'jaeger_remote' is not one of"),
     ({}, {"OTEL_EXPORTER_OTLP_HEADERS": "novalue"}, r"'novalue' is not key=value"),
     ({}, {"OTEL_BSP_SCHEDULE_DELAY": "5s"}, r"OTEL_BSP_SCHEDULE_DELAY: '5s' is not a number of milliseconds"),
+    ({}, {"OTEL_METRIC_EXPORT_INTERVAL": "0"},
+     r"OTEL_METRIC_EXPORT_INTERVAL \(in seconds\): '0.0' is outside the allowed range \[0.1, 3600.0\]"),
 ])
 def test_bad_input_names_the_option_and_the_allowed_values(options: dict[str, str], env: dict[str, str],
                                                            message: str) -> None:
