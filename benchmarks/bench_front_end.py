@@ -81,10 +81,13 @@ def _app(arm: str, out: str, tokens: int) -> Any:
         import llmtrace
 
         ratio = SAMPLE_RATIOS[arm]
-        # The span export interval as bench_reference_server.py's COUNTED_OPTIONS set it (valgrind's
-        # slowdown would otherwise wake the exporter and the builder once per request or so).
+        from bench_reference_server import COUNTED_OPTIONS
+
+        # llmtrace's clocks at valgrind's pace, as in the whole-server count: metrics exported once at
+        # the end (flush(), which the differencing cancels), the span exporter and builder woken as
+        # often per request as at full speed.
         llmtrace.instrument(exporter=f"file:{out}", gpu="off", sample_ratio=ratio, engine_sample_ratio=ratio,
-                            span_export_interval_s=50.0)
+                            **COUNTED_OPTIONS)
     from llmtrace.server.app import TOKENIZER_CACHE, CompletionService, _answer
     from llmtrace.server.protocol import parse_completion
     from llmtrace.server.tiny_model import train_tokenizer
@@ -181,9 +184,6 @@ def main() -> int:
     if unknown := chosen - set(ARMS):
         parser.error(f"--arms: unknown {', '.join(sorted(unknown))} (known: {', '.join(ARMS)})")
     arms = [arm for arm in ARMS if arm == "untraced" or arm in chosen]
-    # The periodic metric export keeps its wall-clock period under valgrind's ~50x slowdown:
-    # exported once at the end instead (flush()), which the differencing cancels.
-    os.environ["LLMTRACE_METRICS_INTERVAL_S"] = "3600"
     from _callgrind import per_request
 
     counted = per_request(lambda arm, count: [sys.executable, __file__, "--child", arm, "--requests", str(count),

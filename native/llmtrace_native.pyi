@@ -170,8 +170,8 @@ def tokenizer_method(
     flag set around it too; a call it cannot decide to ``fallback``, the Python method."""
 
 def tokenizer_passing_through() -> bool:
-    """Whether this thread runs a tokenizer call a ``tokenizer_method`` passed through unobserved
-    (its nested calls then pass through too)."""
+    """Whether this thread runs a tokenizer call a ``tokenizer_method`` passed on, to ``original``
+    or to ``timed`` (its nested calls then pass straight through)."""
 
 def classify_gaps(
     engine_id: str,

@@ -366,12 +366,13 @@ unsafe extern "C" fn call(
 }
 
 thread_local! {
-    /// Set while this thread runs a call passed through unobserved (case 2 of the module docs).
+    /// Set while this thread runs a call this module passed on: unobserved to `original`, or
+    /// observed to `timed` (cases 2 and 3 of the module docs).
     static PASSING_THROUGH: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Whether this thread is inside a tokenizer call passed through unobserved: what a nested call
-/// of any llmtrace tokenizer method now would do (for tests and diagnostics).
+/// Whether this thread is inside a tokenizer call a method of this module passed on (so a nested
+/// call of any llmtrace tokenizer method now passes straight through): for tests and diagnostics.
 #[pyfunction]
 pub(crate) fn tokenizer_passing_through() -> bool {
     PASSING_THROUGH.get()

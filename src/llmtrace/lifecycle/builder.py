@@ -17,6 +17,7 @@ from collections.abc import Callable
 from llmtrace import _runtime
 from llmtrace._otel.gil import GilYield
 from llmtrace._safety import record_error, warn_once
+from llmtrace.config import Settings
 
 log = logging.getLogger("llmtrace")
 
@@ -30,8 +31,8 @@ MAX_PENDING = 100_000
 #: instead of per record. A finished span waits in the export queue for up to that interval
 #: anyway; this adds a twentieth to it at most. ``flush()`` skips the wait.
 BATCH_SHARE = 0.05
-#: The batching pause at the default export interval (1 s).
-BATCH_S = BATCH_SHARE * 1.0
+#: The batching pause at the default export interval.
+BATCH_S = BATCH_SHARE * Settings.span_export_interval_s
 
 
 def _batch_s() -> float:
