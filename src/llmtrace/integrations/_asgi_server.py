@@ -44,6 +44,9 @@ from llmtrace.integrations._http_span import excluded_urls, finish_http_span, se
 from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
+from llmtrace.lifecycle.current import NO_PARENT, current_context
+from llmtrace.lifecycle.current import attach as context_attach
+from llmtrace.lifecycle.current import detach as context_detach
 from llmtrace.lifecycle.phases import server_timing
 from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
@@ -70,7 +73,7 @@ class ServerSpanMiddleware:
         if self._excluded is not None and self._excluded.search(request_url(scope)):
             await self.app(scope, receive, send)
             return
-        current = _server_span.current_context()
+        current = current_context()
         if current and server_span_in(current):  # (an empty context, the usual case, holds no span)
             await self._joined(scope, receive, send)
             return
@@ -83,7 +86,7 @@ class ServerSpanMiddleware:
         sender = _asgi.app_send(send, call.send)
         # The call's context and server scope are made current with the context variables' own
         # set/reset (no Python frame per call; Exchange.enter/exit do the same for other servers).
-        token = _server_span.attach(call.context)
+        token = context_attach(call.context)
         scope_token = enter_scope(call.exchange.scope)
         try:
             await self.app(scope, call.receive, sender)
@@ -96,7 +99,7 @@ class ServerSpanMiddleware:
             except ValueError:  # finalised in another context (a cancelled task): nothing to restore there
                 pass
             try:  # noqa: SIM105 - as above
-                _server_span.detach(token)
+                context_detach(token)
             except ValueError:
                 pass
             try:
@@ -228,7 +231,7 @@ def extract_context(headers: Iterable[tuple[bytes, bytes]]) -> otel_context.Cont
             text = value.decode("latin-1")
             carrier[key] = f"{carrier[key]},{text}" if key in carrier else text
     if carrier is None:
-        return _server_span.NO_PARENT
+        return NO_PARENT
     return propagator.extract(carrier, context=otel_context.Context())
 
 

@@ -31,8 +31,8 @@ from opentelemetry.trace import Status, StatusCode
 
 from llmtrace import _native, _runtime, semconv
 from llmtrace._safety import guarded, record_error
-from llmtrace.integrations import _server_span
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.current import SPAN_KEY, current_context
 from llmtrace.lifecycle.request import REQUEST_VAR, get_request
 from llmtrace.lifecycle.scope import SCOPE_VAR, PendingTokenize, ServerScope, get_scope
 
@@ -107,14 +107,14 @@ def live_span(name: str, parent: otel_context.Context | None, start_ns: int, end
 def _current_span_recording() -> bool:
     """``trace.get_current_span().is_recording()``, without the API's four frames: asked per
     streamed decode and per forward."""
-    span = _server_span.current_context().get(_server_span.SPAN_KEY)
+    span = current_context().get(SPAN_KEY)
     return span is not None and span.is_recording()
 
 
-@guarded("tokenize.record")
 def record_tokenize(start_ns: int, end_ns: int, tokens: int, batch: int, tokenizer_class: str,
                     text: str | None = None, error: BaseException | None = None) -> None:
-    """Report one user-level encode (see the module docstring for where it goes)."""
+    """Report one user-level encode (see the module docstring for where it goes). Unguarded: its
+    caller, the encode hook, is guarded (``tokenize.wrapper``) — one frame less per encode."""
     handle = get_request()
     if handle is not None and error is None:
         handle.tokenized(tokens, start_ns, end_ns)

@@ -85,17 +85,23 @@ class Exchange:
 
     def finish(self, error: BaseException | None = None) -> None:
         """The response is complete (or the handler failed with *error*). Called once per call:
-        a call that opened nothing costs a few attribute stores, without :func:`guarded`'s frame
-        (nothing here can raise); closing what the call opened is guarded."""
+        a call that left nothing open costs a few attribute stores, without :func:`guarded`'s frame
+        (nothing here can raise); closing what the call left open is guarded."""
         if self.complete:
             return
         self.complete = True
         scope = self.scope
-        if scope.handles or scope.pending:
+        if scope.pending:
             scope.close(error, _emit_later)  # guarded
-        else:  # nothing opened in this call (a health check, a model list): just mark it closed
-            scope.closed = True
-            scope.closed_ns = monotonic_ns()
+            return
+        for handle in scope.handles:
+            if handle.finish_ns is None:  # a request still open: close() ends it
+                scope.close(error, _emit_later)  # guarded
+                return
+        # Nothing left open (the usual end: the handler finished its requests; or a health check,
+        # a model list): what close() would do, without its frames.
+        scope.closed = True
+        scope.closed_ns = monotonic_ns()
 
 
 def _emit_later(scope: ServerScope) -> None:

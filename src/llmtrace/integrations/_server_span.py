@@ -22,7 +22,6 @@ through the tracer API, at that API's cost.
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -34,28 +33,10 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 from llmtrace import _runtime
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.clock import to_wall_ns
+from llmtrace.lifecycle.current import NO_PARENT, SPAN_KEY
 from llmtrace.lifecycle.pending import PendingSpan
 
 _SERVER = SpanKind.SERVER
-
-
-def _context_functions() -> tuple[Any, Any, Any]:
-    """OpenTelemetry's ``get_current``, ``attach`` and ``detach`` for the call's context. With the
-    default runtime context (a ``ContextVar``; ``OTEL_PYTHON_CONTEXT`` unset) they are exactly the
-    variable's own ``get``/``set``/``reset`` behind two Python frames each: those are called
-    directly, once per HTTP call. Any other runtime context goes through the API."""
-    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-
-    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
-    variable = getattr(runtime, "_current_context", None)
-    if type(runtime) is ContextVarsRuntimeContext and isinstance(variable, contextvars.ContextVar):
-        return variable.get, variable.set, variable.reset
-    return otel_context.get_current, otel_context.attach, otel_context.detach
-
-
-#: ``current_context()``, ``attach(context) -> token``, ``detach(token)`` (may raise ValueError
-#: for a token of another context, where the API logs instead: the caller catches it).
-current_context, attach, detach = _context_functions()
 
 
 class ServerSpan(PendingSpan):
@@ -84,14 +65,6 @@ class ServerSpanStart(tuple):  # type: ignore[type-arg]  # a plain tuple: built 
     @property
     def spans(self) -> emit.FinishedSpans:
         return cast(emit.FinishedSpans, self[4])
-
-
-#: The context of a call that carried no propagation header (see ``_asgi_server.extract_context``).
-NO_PARENT = otel_context.Context()
-#: The key under which OpenTelemetry's API keeps the current span in a context, read off the API
-#: itself: a call with no parent gets ``Context({key: span})`` without the API's two copies, and
-#: the current span is ``current_context().get(SPAN_KEY)`` without the API's four frames.
-SPAN_KEY = next(iter(trace.set_span_in_context(trace.INVALID_SPAN, otel_context.Context())))
 
 
 class PropagationFields(NamedTuple):

@@ -36,27 +36,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from llmtrace import _runtime
 from llmtrace._otel.export import BoundedSpanProcessor
 from llmtrace._otel.ids import PrivateRandomIdGenerator, getrandbits
+from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT
 
 _tuple_new = tuple.__new__
-
-
-def _direct_span_context_works() -> bool:
-    """Whether a ``SpanContext`` can be made as the tuple its ``__new__`` builds — ``(trace_id,
-    span_id, is_remote, trace_flags, trace_state, is_valid)`` — skipping that Python frame (about
-    a tenth of what an unsampled SERVER span costs on the request path). Checked against the
-    installed API once; any other layout keeps the constructor."""
-    flags, state = TraceFlags(1), trace.DEFAULT_TRACE_STATE
-    try:
-        direct = _tuple_new(SpanContext, (3, 5, False, flags, state, True))
-        made = SpanContext(3, 5, False, flags, state)
-        return (direct == made and direct.trace_id == 3 and direct.span_id == 5 and direct.is_remote is False
-                and direct.trace_flags is flags and direct.trace_state is state and direct.is_valid)
-    except Exception:  # noqa: BLE001 - an API whose SpanContext is no longer that tuple
-        return False
-
-
-#: ``SpanContext`` made directly for ids known valid (see :func:`_direct_span_context_works`).
-_DIRECT_SPAN_CONTEXT = _direct_span_context_works()
+_DIRECT_SPAN_CONTEXT = DIRECT_SPAN_CONTEXT  # made as the tuple it is (lifecycle/current.py)
 _DEFAULT_TRACE_STATE = trace.DEFAULT_TRACE_STATE
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the flag is newer than the oldest SDK we support
 _INTERNAL = SpanKind.INTERNAL
@@ -191,10 +174,10 @@ class SdkFinishedSpans:
         fast = self._fast_ids
         span_id = (getrandbits(64) if fast else 0) or self._ids.generate_span_id()
         if parent is not None:
-            flags = parent.trace_flags
             if fast and _DIRECT_SPAN_CONTEXT:  # ids in range: getrandbits's, and a valid parent's
-                return (_tuple_new(SpanContext, (parent.trace_id, span_id, False, flags, parent.trace_state, True)),
-                        flags.sampled)
+                trace_id, _, _, flags, state, _ = parent  # its fields without a property frame each
+                return _tuple_new(SpanContext, (trace_id, span_id, False, flags, state, True)), flags & 1 == 1
+            flags = parent.trace_flags
             return SpanContext(parent.trace_id, span_id, False, flags, parent.trace_state), flags.sampled
         trace_id = (getrandbits(128) if fast else 0) or self._ids.generate_trace_id()
         bound = self._root_bound

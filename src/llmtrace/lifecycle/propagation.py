@@ -21,10 +21,12 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmtrace._safety import warn_once
+from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _HEX = frozenset("0123456789abcdef")
 _ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
+_EMPTY_TRACE_STATE = trace.DEFAULT_TRACE_STATE
 
 
 def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
@@ -34,12 +36,16 @@ def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
 
 def carrier_of(span_context: trace.SpanContext) -> dict[str, str]:
     """The carrier naming *span_context* as the parent; empty when it is not valid."""
-    if not span_context.is_valid:
+    if type(span_context) is trace.SpanContext and DIRECT_SPAN_CONTEXT:
+        trace_id, span_id, _, flags, state, valid = span_context  # without a property frame per field
+    else:
+        trace_id, span_id, flags = span_context.trace_id, span_context.span_id, span_context.trace_flags
+        state, valid = span_context.trace_state, span_context.is_valid
+    if not valid:
         return {}
-    carrier = {"traceparent": f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
-                              f"{span_context.trace_flags:02x}"}
-    if span_context.trace_state:
-        carrier["tracestate"] = span_context.trace_state.to_header()
+    carrier = {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-{flags:02x}"}
+    if state is not _EMPTY_TRACE_STATE and state:  # (the usual state is that one: no frame to find it empty)
+        carrier["tracestate"] = state.to_header()
     return carrier
 
 

@@ -42,6 +42,7 @@ from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
+from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT, SPAN_KEY, current_context
 from llmtrace.lifecycle.pending import RequestSpan
 from llmtrace.lifecycle.phases import build_request_spans, first_token_summary, phase_summary
 from llmtrace.lifecycle.propagation import carrier_of, extract, inject
@@ -376,7 +377,7 @@ def start_request(
     """
     rid = request_id or uuid.uuid4().hex
     arrival = monotonic_ns() if arrival_ns is None else arrival_ns
-    parent = extract(carrier) if carrier else otel_context.get_current()
+    parent = extract(carrier) if carrier else current_context()
     if carrier and not owns_span and not trace.get_current_span(parent).get_span_context().is_valid:
         owns_span = True  # the carrier was unusable (logged): no other process's span to hang the phases on
     settings = _runtime.settings()
@@ -386,11 +387,14 @@ def start_request(
     scope = current_scope()
     offset = scope.wall_offset_ns if scope is not None else offset_ns()  # the call's span tree's
     if owns_span:
-        span = _unsampled_child(parent) or _request_span(parent, attrs)
-        if span is None:
-            span = _runtime.tracer().start_span(semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL,
-                                                start_time=to_wall_ns(arrival, offset), attributes=attrs)
-        recording = span.is_recording()
+        span = _unsampled_child(parent)
+        if span is not None:
+            recording = False
+        else:
+            span = _request_span(parent, attrs) or _runtime.tracer().start_span(
+                semconv.SPAN_REQUEST, context=parent, kind=SpanKind.INTERNAL, start_time=to_wall_ns(arrival, offset),
+                attributes=attrs)
+            recording = span.is_recording()
     else:
         recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
     handle = RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
@@ -407,8 +411,18 @@ def _unsampled_child(parent: otel_context.Context) -> Span | None:
     """The span the SDK's parent-based sampler would give a child of an unsampled parent — a
     non-recording span with a fresh id — without its sampler call (most requests in production
     are not sampled); None where the SDK must decide (a sampled or no parent, another tracer)."""
-    parent_context = trace.get_current_span(parent).get_span_context()
-    if not parent_context.is_valid or parent_context.trace_flags.sampled:
+    span = parent.get(SPAN_KEY)  # what get_current_span(parent) reads, without its frames
+    if span is None:
+        return None
+    try:  # (not an ABC isinstance check: that is a frame of its own)
+        parent_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]  # (the API's own read)
+    except AttributeError:  # not a span: the API would see none, and so does the SDK's path
+        return None
+    if type(parent_context) is SpanContext and DIRECT_SPAN_CONTEXT:
+        _, _, _, flags, _, valid = parent_context  # its fields without a property frame each
+        if not valid or flags & 1:
+            return None
+    elif not parent_context.is_valid or parent_context.trace_flags.sampled:
         return None
     spans = emit.current()
     if not isinstance(spans, emit.SdkFinishedSpans):

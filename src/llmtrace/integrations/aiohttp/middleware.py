@@ -58,6 +58,9 @@ from llmtrace.integrations._server import ENABLED, Exchange
 from llmtrace.integrations.aiohttp import extractors
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns
+from llmtrace.lifecycle.current import NO_PARENT, current_context
+from llmtrace.lifecycle.current import attach as context_attach
+from llmtrace.lifecycle.current import detach as context_detach
 from llmtrace.lifecycle.phases import server_timing
 from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
@@ -93,7 +96,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     excluded = _excluded
     if excluded is not None and extractors.is_excluded(excluded, request):
         return await handler(request)
-    current = _server_span.current_context()
+    current = current_context()
     if current and server_span_in(current):  # (an empty context, the usual case, holds no span)
         return await scope_middleware(request, handler)
     try:
@@ -104,7 +107,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
     # The call's context, server scope and exchange (findable: the response's prepare hook looks
     # it up) are made current with the context variables' own set/reset: no Python frame per call.
     exchange = call.exchange
-    token = _server_span.attach(call.context)
+    token = context_attach(call.context)
     scope_token = enter_scope(exchange.scope)
     exchange_token = _set_exchange(exchange)
     _in_flight[id(request)] = exchange
@@ -126,7 +129,7 @@ async def server_span_middleware(request: Any, handler: Any) -> Any:
         try:  # (three resets: contextlib.suppress would add two calls to every HTTP call)
             _reset_exchange(exchange_token)
             exit_scope(scope_token)
-            _server_span.detach(token)
+            context_detach(token)
         except ValueError:  # finalised in another context (a cancelled task): nothing to restore there
             pass
         try:
@@ -280,7 +283,7 @@ def extract_context(headers: Any) -> otel_context.Context:
                     carrier = {}
                 carrier[name] = ",".join(headers.getall(name))
     if carrier is None:
-        return _server_span.NO_PARENT
+        return NO_PARENT
     return propagator.extract(carrier, context=otel_context.Context())
 
 

@@ -10,6 +10,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from llmtrace.integrations import _server_span
+from llmtrace.lifecycle.current import NO_PARENT
 
 #: The module of OpenTelemetry's gRPC interceptors (a server that holds one keeps its SERVER span).
 _OTEL_MODULE = "opentelemetry.instrumentation.grpc"
@@ -72,9 +73,9 @@ def peer_address(peer: str) -> tuple[str, int | None] | None:
 def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> otel_context.Context:
     """The caller's context from an RPC's invocation metadata, through the global propagator. An
     RPC whose metadata carries none of the propagator's keys gets the empty context without
-    calling it (``_server_span.NO_PARENT``)."""
+    calling it (``NO_PARENT``)."""
     if not metadata:
-        return _server_span.NO_PARENT
+        return NO_PARENT
     propagator = propagate.get_global_textmap()
     cached = _server_span.fields_cache
     if cached is not None and cached[0] is propagator:
@@ -89,5 +90,5 @@ def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> otel_context.
                 carrier = {}
             carrier[key] = f"{carrier[key]},{value}" if key in carrier else value
     if carrier is None:
-        return _server_span.NO_PARENT
+        return NO_PARENT
     return propagator.extract(carrier, context=otel_context.Context())

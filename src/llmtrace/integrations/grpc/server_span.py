@@ -35,6 +35,9 @@ from llmtrace.integrations._server import Exchange
 from llmtrace.integrations.grpc import extractors
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, recent_offset_ns, to_wall_ns
+from llmtrace.lifecycle.current import attach as context_attach
+from llmtrace.lifecycle.current import current_context
+from llmtrace.lifecycle.current import detach as context_detach
 from llmtrace.lifecycle.pending import exception_event
 
 _SERVER = SpanKind.SERVER
@@ -52,7 +55,7 @@ _CODE_NAMES = {0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: 
 def in_server_span() -> bool:
     """Whether the current context's span is a SERVER span (the host's OpenTelemetry interceptor
     made one around ours): llmtrace's scope joins it."""
-    current = _server_span.current_context()
+    current = current_context()
     if not current:  # an empty context, the usual case, holds no span
         return False
     span = trace.get_current_span(current)
@@ -182,7 +185,7 @@ def open_rpc(method: str, name: str, servicer_context: Any, sync: bool) -> tuple
         rpc.peer = servicer_context.peer()
     if sync:
         servicer_context.add_callback(rpc.terminated)  # runs at termination; a no-op once complete
-    token = _server_span.attach(rpc.context)
+    token = context_attach(rpc.context)
     rpc.exchange.enter(findable=False)
     return rpc, token
 
@@ -191,7 +194,7 @@ def end_rpc(rpc: Rpc, token: Any, servicer_context: Any) -> None:
     """Leave the RPC's scope and context, then close it (never raises)."""
     rpc.exchange.exit()
     try:  # noqa: SIM105 - contextlib.suppress would add two calls to every RPC
-        _server_span.detach(token)
+        context_detach(token)
     except ValueError:  # finalised in another context (a generator closed elsewhere)
         pass
     try:
