@@ -23,8 +23,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString, PyTuple, PyType};
 
-use crate::chrome::py::code_points;
-use crate::chrome::text::{push_ascii_escaped_code_points, push_hex, push_i128, push_repr_f64};
+use crate::chrome::py::push_escaped_code_points;
+use crate::chrome::text::{push_hex, push_i128, push_repr_f64};
 
 /// Spans written between two calls of the caller's `pause` (its GIL yield).
 const SPANS_PER_PAUSE: usize = 32;
@@ -765,6 +765,6 @@ fn instance_dict<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> 
 /// A string (a subclass by its text) quoted as `json.dumps` quotes it.
 fn push_quoted(out: &mut Vec<u8>, s: &Bound<'_, PyString>) {
     out.push(b'"');
-    push_ascii_escaped_code_points(out, code_points(s, usize::MAX));
+    push_escaped_code_points(out, s, usize::MAX);
     out.push(b'"');
 }

@@ -6,10 +6,8 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use super::py::{code_points, get, push_str_escaped, Json};
-use super::text::{
-    push_ascii_escaped_code_points, push_i128, push_msgspec_f64, push_repr_f64, push_us,
-};
+use super::py::{get, push_escaped_code_points, push_str_escaped, Json};
+use super::text::{push_i128, push_msgspec_f64, push_repr_f64, push_us};
 use super::{
     string, ChromeTraceEvents, GIB, K_ENGINE_ID, K_GPU_ID, K_GPU_MEMORY, K_GPU_POWER, K_GPU_UTIL,
     K_KV, K_RUNNING, K_WAITING, REQUESTS_PID, S,
@@ -29,7 +27,7 @@ impl ChromeTraceEvents {
         let dur = (s.end - s.start).max(0);
         let o = &mut self.out;
         o.extend_from_slice(b",\n{\"ph\":\"X\",\"name\":\"");
-        push_ascii_escaped_code_points(o, code_points(s.name_obj, usize::MAX));
+        push_escaped_code_points(o, s.name_obj, usize::MAX);
         o.extend_from_slice(b"\",\"cat\":\"llmtrace\",\"ts\":");
         push_us(o, d);
         o.extend_from_slice(b",\"dur\":");

@@ -37,6 +37,39 @@ pub(crate) fn code_points<'a>(
     })
 }
 
+/// The first `limit` code points of `s` escaped as `json.dumps` escapes them (without the
+/// quotes): [`push_ascii_escaped_code_points`] over [`code_points`], with runs that need no
+/// escape copied whole when the string stores one byte per code point (attribute keys, span
+/// names, ids: nearly every string a span holds) — one bounds-free byte test per code point
+/// instead of the per-code-point width dispatch and push.
+pub(crate) fn push_escaped_code_points(out: &mut Vec<u8>, s: &Bound<'_, PyString>, limit: usize) {
+    let p = s.as_ptr();
+    // SAFETY: as in `code_points`: a live, ready `str`, read only while `s` is borrowed.
+    let (kind, data, len) = unsafe {
+        (
+            ffi::PyUnicode_KIND(p),
+            ffi::PyUnicode_DATA(p),
+            ffi::PyUnicode_GET_LENGTH(p) as usize,
+        )
+    };
+    if kind != 1 {
+        push_ascii_escaped_code_points(out, code_points(s, limit));
+        return;
+    }
+    // SAFETY: a one-byte-kind string stores `len` code points as `len` bytes at `data`.
+    let bytes = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), len.min(limit)) };
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\' {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
+        push_ascii_escaped_code_points(out, std::iter::once(u32::from(b)));
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
 /// `json.dumps(str(value))[1:-1]`, the first `limit` code points of it.
 pub(crate) fn push_str_escaped(
     out: &mut Vec<u8>,
@@ -44,10 +77,8 @@ pub(crate) fn push_str_escaped(
     limit: usize,
 ) -> PyResult<()> {
     match value.cast::<PyString>() {
-        Ok(s) if s.is_exact_instance_of::<PyString>() => {
-            push_ascii_escaped_code_points(out, code_points(s, limit))
-        }
-        _ => push_ascii_escaped_code_points(out, code_points(&value.str()?, limit)),
+        Ok(s) if s.is_exact_instance_of::<PyString>() => push_escaped_code_points(out, s, limit),
+        _ => push_escaped_code_points(out, &value.str()?, limit),
     }
     Ok(())
 }
@@ -55,7 +86,7 @@ pub(crate) fn push_str_escaped(
 /// `json.dumps(f"{value}")[1:-1]`: as [`push_str_escaped`], through `format()`.
 pub(crate) fn push_format_escaped(out: &mut Vec<u8>, value: &Bound<'_, PyAny>) -> PyResult<()> {
     if let Ok(s) = value.cast_exact::<PyString>() {
-        push_ascii_escaped_code_points(out, code_points(s, usize::MAX));
+        push_escaped_code_points(out, s, usize::MAX);
         return Ok(());
     }
     // SAFETY: `value` is live and the GIL is held; a NULL spec is format(value, "").
@@ -68,7 +99,7 @@ pub(crate) fn push_format_escaped(out: &mut Vec<u8>, value: &Bound<'_, PyAny>) -
     let s = formatted
         .cast::<PyString>()
         .map_err(|_| PyTypeError::new_err("__format__ must return a str"))?;
-    push_ascii_escaped_code_points(out, code_points(s, usize::MAX));
+    push_escaped_code_points(out, s, usize::MAX);
     Ok(())
 }
 

@@ -160,7 +160,9 @@ class ObservedCall:
     async def receive(self) -> Message:
         """The app's ``receive``: a disconnect ends the call's open requests as ``abort``."""
         message = await self._upstream()
-        if message.get("type") == "http.disconnect":
+        # Servers also say ``http.disconnect`` after a complete response (uvicorn does, to the
+        # disconnect listener of every streamed one): nothing to end then, and no frames spent.
+        if message.get("type") == "http.disconnect" and not self.exchange.complete:
             self.exchange.disconnected()
         return message
 

@@ -127,7 +127,7 @@ class _Call(ObservedCall):
                                                  "HTTP" if method == OTHER_METHOD else method, start, offset)
         span, self._recording, _, self.context, _ = opened
         self._live = not isinstance(span, _server_span.ServerSpan)  # a live API span: ended in any case
-        super().__init__(Exchange(span, start, offset, self.context), receive, send)
+        super().__init__(Exchange(span, start, offset, self.context, self._recording), receive, send)
         self.status: int | None = None
         self.error: BaseException | None = None
         self.end_ns: int | None = None

@@ -216,7 +216,26 @@ def bound_argument(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str
     return bound.arguments.get(name)
 
 
-def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = None) -> Callable[[Any], Any]:
+def _reporting(original: Any, after: Any) -> Callable[..., Any]:
+    """The function that times one user-level call of *original* and reports it through *after*."""
+
+    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """A user-level call that something records, timed and reported; the caller makes its
+        nested calls pass through (a flag set around this call)."""
+        start = monotonic_ns()
+        try:
+            result = original(self, *args, **kwargs)
+        except Exception as exc:  # the call's failure, reported; an interrupt is not
+            after(original, self, args, kwargs, None, start, exc)
+            raise
+        after(original, self, args, kwargs, result, start, None)
+        return result
+
+    return report
+
+
+def _timed_tokenizer_method(after: Any | None, observed: Callable[[], bool] | None = None,
+                            reporting: Callable[[Any], Callable[..., Any]] | None = None) -> Callable[[Any], Any]:
     """``make(original)`` for :meth:`~llmtrace.integrations._base.Patches.replace`: a tokenizer
     method *original* in a plain function that times one user-level call (nested calls pass
     straight through), then reports through *after(original, instance, args, kwargs, result,
@@ -230,20 +249,12 @@ def _timed_tokenizer_method(after: Any, observed: Callable[[], bool] | None = No
     same timing the Python method does, with its own pass-through flag set around it (a flag of
     the thread's, cheaper than the context variable), and every call it cannot decide to this
     Python method, the reference: a streamed token at 0 % sampling costs no Python frame of
-    llmtrace's. ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone."""
+    llmtrace's. ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone.
+    *reporting(original)*, when given, makes that timing function instead of :func:`_reporting` (and
+    *after* goes unused)."""
 
     def make(original: Any) -> Any:
-        def report(self: Any, *args: Any, **kwargs: Any) -> Any:
-            """A user-level call that something records, timed and reported; the caller makes its
-            nested calls pass through (a flag set around this call)."""
-            start = monotonic_ns()
-            try:
-                result = original(self, *args, **kwargs)
-            except Exception as exc:  # the call's failure, reported; an interrupt is not
-                after(original, self, args, kwargs, None, start, exc)
-                raise
-            after(original, self, args, kwargs, result, start, None)
-            return result
+        report = reporting(original) if reporting is not None else _reporting(original, after)
 
         def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
             token = _in_tokenizer.set(True)
@@ -297,7 +308,41 @@ def _after_encode(count: Any, text_param: str, original: Any, instance: Any, arg
 
 def decode_method(count: Any) -> Callable[[Any], Any]:
     """``make(original)`` timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    return _timed_tokenizer_method(functools.partial(_after_decode, count), _decode_observed)
+    return _timed_tokenizer_method(None, _decode_observed, functools.partial(_decode_reporting, count))
+
+
+def _decode_reporting(count: Any, original: Any) -> Callable[..., Any]:
+    """:func:`_reporting` for a decode, with :func:`record_detokenize`'s common case written in: a
+    streamed token of a sampled request (sixteen in a 16-token stream) adds its duration to the
+    request it belongs to — the current one, else the call's last open one when none is deferred
+    to the response's end — with no frame between; every other decode, and a failed one, goes
+    to :func:`record_detokenize`."""
+
+    def report(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = monotonic_ns()
+        try:
+            result = original(self, *args, **kwargs)
+        except Exception as exc:  # the call's failure, reported; an interrupt is not
+            record_detokenize(start, monotonic_ns(), DecodeCall(count, self, args, kwargs, None, exc))
+            raise
+        end = monotonic_ns()
+        try:
+            target = get_request()
+            if target is None and (scope := get_scope()) is not None and not scope.deferred:
+                for handle in reversed(scope.handles):  # the call's last open request
+                    if handle.finish_ns is None:
+                        target = handle
+                        break
+            if target is not None:
+                target.detokenized(end - start)
+                return result
+        except Exception as exc:  # noqa: BLE001 - counted as record_detokenize would; never the host's error
+            record_error("detokenize.wrapper", exc)
+            return result
+        record_detokenize(start, end, DecodeCall(count, self, args, kwargs, result, None))
+        return result
+
+    return report
 
 
 def _decode_observed() -> bool:
@@ -318,34 +363,6 @@ def _decode_observed() -> bool:
     except Exception as exc:  # noqa: BLE001 - counted; the decode is then timed as before
         record_error("detokenize.observed", exc)
         return True
-
-
-def _after_decode(count: Any, original: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  result: Any, start_ns: int, error: BaseException | None) -> None:
-    end = monotonic_ns()
-    try:
-        if error is None and (target := _streaming_request()) is not None:
-            # The common case, once per streamed token of a sampled request: a duration added to
-            # it, without the record_detokenize frames (its guard's is one).
-            target.detokenized(end - start_ns)
-            return
-    except Exception as exc:  # noqa: BLE001 - counted as record_detokenize would; never the host's error
-        record_error("detokenize.wrapper", exc)
-        return
-    record_detokenize(start_ns, end, DecodeCall(count, instance, args, kwargs, result, error))
-
-
-def _streaming_request() -> Any:
-    """The request a successful decode adds its time to, when that is all it does (see
-    :func:`record_detokenize`): the current request, else — a server call with no request
-    current and none deferred to the response's end — the call's last open request."""
-    handle = get_request()
-    if handle is not None:
-        return handle
-    scope = get_scope()
-    if scope is None or scope.deferred:
-        return None
-    return _last_open(scope)
 
 
 def first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str) -> Any:

@@ -35,7 +35,7 @@ class Exchange:
     __slots__ = ("_exchange_token", "_token", "complete", "scope", "span")
 
     def __init__(self, span: trace.Span | None = None, arrival_ns: int | None = None, offset: int | None = None,
-                 context: otel_context.Context | None = None) -> None:
+                 context: otel_context.Context | None = None, recording: bool | None = None) -> None:
         if span is None:  # inside a SERVER span someone else made (OpenTelemetry's middleware)
             span = trace.get_current_span()
             # The call arrived when the SERVER span started (before routing and body parsing).
@@ -44,7 +44,7 @@ class Exchange:
             arrival_ns = min(to_mono_ns(started, offset), monotonic_ns()) if isinstance(started, int) else None
         self.span = span
         self.scope = ServerScope(arrival_ns=arrival_ns, context=context, wall_offset_ns=offset,
-                                 recording=span.is_recording())
+                                 recording=span.is_recording() if recording is None else recording)
         self.complete = False
         self._token: contextvars.Token[ServerScope | None] | None = None
         self._exchange_token: contextvars.Token[Exchange | None] | None = None

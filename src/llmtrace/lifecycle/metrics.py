@@ -64,7 +64,8 @@ class ServingMetrics:
         self._provenance_lock = threading.Lock()
         #: Recording a request is a few list appends (see :meth:`record_request`): the request's
         #: own thread may do it (see ``RequestHandle._end``).
-        self.records_inline = all(isinstance(recorder, AggregatedHistogram) for recorder in self._recorders())
+        self._all_recorders = (self._ttft, self._tpot, self._duration, self._tokens, self._queue, self._batch)
+        self.records_inline = all(isinstance(recorder, AggregatedHistogram) for recorder in self._all_recorders)
         meter.create_observable_counter(
             semconv.METRIC_PROMPT_TOKENS, [self._observe_prompt_tokens], unit="{token}",
             description="Prompt tokens by where their KV came from: computed, prefix cache, KV transfer")
@@ -148,11 +149,8 @@ class ServingMetrics:
             with self._idle_lock:
                 self._idle[engine_id] = max(0.0, 1.0 - busy / span)
 
-    def _recorders(self) -> tuple[HistogramRecorder, ...]:
-        return self._ttft, self._tpot, self._duration, self._tokens, self._queue, self._batch
-
     def _fold_if_full(self) -> None:
-        for recorder in self._recorders():
+        for recorder in self._all_recorders:  # (once per request: a tuple kept, not made)
             if len(recorder.pending) >= MAX_PENDING:
                 recorder.fold()
         if len(self._provenance_pending) >= MAX_PENDING:

@@ -21,12 +21,13 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from llmtrace._safety import warn_once
-from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT
+from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT, SPAN_KEY
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _HEX = frozenset("0123456789abcdef")
 _ZERO_TRACE_ID, _ZERO_SPAN_ID = "0" * 32, "0" * 16
 _EMPTY_TRACE_STATE = trace.DEFAULT_TRACE_STATE
+_tuple_new = tuple.__new__
 
 
 def inject(ctx: otel_context.Context | None = None) -> dict[str, str]:
@@ -62,9 +63,14 @@ def _plain_traceparent(carrier: Mapping[str, str]) -> otel_context.Context | Non
     if (not _HEX.issuperset(trace_hex) or not _HEX.issuperset(span_hex) or not _HEX.issuperset(flags_hex)
             or trace_hex == _ZERO_TRACE_ID or span_hex == _ZERO_SPAN_ID):
         return None
-    span_context = trace.SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True,
-                                     trace_flags=trace.TraceFlags(int(flags_hex, 16)))
-    return trace.set_span_in_context(trace.NonRecordingSpan(span_context), otel_context.Context())
+    flags = trace.TraceFlags(int(flags_hex, 16))
+    if DIRECT_SPAN_CONTEXT:  # ids checked above: non-zero hex of their widths, so in range and valid
+        span_context = _tuple_new(trace.SpanContext, (int(trace_hex, 16), int(span_hex, 16), True, flags,
+                                                      _EMPTY_TRACE_STATE, True))
+    else:
+        span_context = trace.SpanContext(int(trace_hex, 16), int(span_hex, 16), is_remote=True, trace_flags=flags)
+    # The context set_span_in_context would make from an empty one, without its frames.
+    return otel_context.Context({SPAN_KEY: trace.NonRecordingSpan(span_context)})
 
 
 def extract(carrier: Mapping[str, str] | str | None) -> otel_context.Context:

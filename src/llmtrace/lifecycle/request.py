@@ -378,7 +378,8 @@ def start_request(
     rid = request_id or uuid.uuid4().hex
     arrival = monotonic_ns() if arrival_ns is None else arrival_ns
     parent = extract(carrier) if carrier else current_context()
-    if carrier and not owns_span and not trace.get_current_span(parent).get_span_context().is_valid:
+    parent_flags = None if owns_span else _valid_and_sampled(parent)
+    if carrier and parent_flags is not None and not parent_flags[0]:
         owns_span = True  # the carrier was unusable (logged): no other process's span to hang the phases on
     settings = _runtime.settings()
     attrs = _request_attributes(model, max_tokens, temperature, top_p, operation, stream, rid, attributes)
@@ -396,7 +397,7 @@ def start_request(
                 attributes=attrs)
             recording = span.is_recording()
     else:
-        recording = trace.get_current_span(parent).get_span_context().trace_flags.sampled
+        recording = parent_flags is not None and parent_flags[1]  # (always computed above in this case)
     handle = RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
                            recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text,
                            wall_offset_ns=offset)
@@ -405,6 +406,22 @@ def start_request(
     if owns_span and scope is not None:
         scope.register(handle)
     return handle
+
+
+def _valid_and_sampled(parent: otel_context.Context) -> tuple[bool, bool]:
+    """Whether the span in *parent* is valid and sampled, as ``get_current_span(parent)`` would
+    say, without the API's frames (an engine asks once per request, for the API server's span)."""
+    span = parent.get(SPAN_KEY)
+    try:
+        found: SpanContext | None = None if span is None else span.get_span_context()  # type: ignore[attr-defined]
+    except AttributeError:  # not a span: the API sees none
+        return False, False
+    if type(found) is SpanContext and DIRECT_SPAN_CONTEXT:
+        _, _, _, flags, _, valid = found  # its fields without a property frame each
+        return valid, flags & 1 == 1
+    if found is None:
+        return False, False
+    return found.is_valid, found.trace_flags.sampled
 
 
 def _unsampled_child(parent: otel_context.Context) -> Span | None:
