@@ -1,5 +1,5 @@
 """The request path reads OpenTelemetry's current context and span contexts directly
-(``lifecycle/current.py``): what it finds must be what the API would say, for every kind of
+(``lifecycle/current.py``, ``_otel/span_context.py``): what it finds must be what the API would say, for every kind of
 parent a host can put in the context."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from llmtrace import start_request
+from llmtrace._otel.span_context import DIRECT_SPAN_CONTEXT
 from llmtrace.lifecycle import current
 from tests.core.conftest import Captured
 
@@ -22,7 +23,7 @@ def test_the_installed_api_is_read_directly() -> None:
     """The fast reads are on with the OpenTelemetry API installed here (the default runtime context,
     ``SpanContext`` the tuple it has always been): were either to change, they would fall back to
     the API — correct, but the request path's cost would grow, and this says so."""
-    assert current.DIRECT_SPAN_CONTEXT
+    assert DIRECT_SPAN_CONTEXT
     assert current.current_context.__self__ is otel_context._RUNTIME_CONTEXT._current_context  # type: ignore[attr-defined]
     span = NonRecordingSpan(SpanContext(_TRACE, _SPAN, False, TraceFlags(1)))
     token = current.attach(trace.set_span_in_context(span))

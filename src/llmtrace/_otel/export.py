@@ -28,10 +28,12 @@ from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metr
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext
 
 from llmtrace import semconv
 from llmtrace._otel.gil import GilYield
 from llmtrace._otel.otlp_json import encode_spans
+from llmtrace._otel.span_context import DIRECT_SPAN_CONTEXT
 from llmtrace._safety import warn_once
 
 log = logging.getLogger("llmtrace")
@@ -383,7 +385,14 @@ class BoundedSpanProcessor(SpanProcessor):
     def _admit(self, span: ReadableSpan) -> bool:
         """Whether *span* goes to the queue: sampled, and within the bounds (else it is spilled,
         or dropped and counted)."""
-        if not span.context or not span.context.trace_flags.sampled:
+        # An SDK span's context read without its property frame, and its flag without two more.
+        context = span._context if type(span) is ReadableSpan else span.context
+        if context is None:
+            return False
+        if type(context) is SpanContext and DIRECT_SPAN_CONTEXT:
+            if not context[3] & 1:
+                return False
+        elif not context.trace_flags.sampled:
             return False
         size = estimated_bytes(span)
         pending = self._pending

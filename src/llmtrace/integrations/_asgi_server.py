@@ -52,6 +52,10 @@ from llmtrace.lifecycle.scope import enter_scope, exit_scope
 
 _SERVER = SpanKind.SERVER
 _UNSET = Status(StatusCode.UNSET)
+# The response headers' names as ASGI sends them, encoded once (added to every traced response).
+_TRACERESPONSE = semconv.HEADER_TRACERESPONSE.encode()
+_EXPOSE_TRACERESPONSE = (semconv.HEADER_EXPOSE_HEADERS.encode(), _TRACERESPONSE)
+_SERVER_TIMING = semconv.HEADER_SERVER_TIMING.encode()
 
 
 class ServerSpanMiddleware:
@@ -168,14 +172,13 @@ class _Call(ObservedCall):
         return {**message, "headers": [*(message.get("headers") or ()), *self._trace_headers(message)]}
 
     def _trace_headers(self, start: Message) -> list[tuple[bytes, bytes]]:
-        headers = [(semconv.HEADER_TRACERESPONSE.encode(), _server_span.traceresponse(self.start.span).encode()),
-                   (semconv.HEADER_EXPOSE_HEADERS.encode(), semconv.HEADER_TRACERESPONSE.encode())]
+        headers = [(_TRACERESPONSE, _server_span.traceresponse(self.start.span).encode()), _EXPOSE_TRACERESPONSE]
         handles = self.exchange.scope.handles
         if handles and not _declares_stream(start.get("headers") or ()):
             entries = server_timing(handles[0])
             if entries:
                 value = ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in entries)
-                headers.append((semconv.HEADER_SERVER_TIMING.encode(), value.encode()))
+                headers.append((_SERVER_TIMING, value.encode()))
         return headers
 
     def failed(self, error: BaseException) -> None:

@@ -119,14 +119,14 @@ def finish(start: ServerSpanStart, name: str, start_ns: int, end_ns: int, offset
            attributes: dict[str, Any], status: Status, events: Sequence[Event] = ()) -> None:
     """Build the finished SERVER span (on the span builder's thread); what other code set on the
     span while the call ran wins over *attributes*, its status over *status* unless that is ERROR."""
-    span = start.span
+    span, _, parent, _, spans = start  # (its fields without a property frame and a cast each)
     if isinstance(span, ServerSpan):
-        if not span.is_recording() or not isinstance(start.spans, emit.SdkFinishedSpans):
+        if not span.is_recording() or not isinstance(spans, emit.SdkFinishedSpans):
             return
         attributes.update(span.attributes or {})
         if span.status is not None and status.status_code is not StatusCode.ERROR:
             status = span.status
-        start.spans.emit(span.name or name, span.get_span_context(), start.parent, _SERVER,
+        spans.emit(span.name or name, span.get_span_context(), parent, _SERVER,
                          to_wall_ns(start_ns, offset), to_wall_ns(max(start_ns, end_ns), offset), attributes,
                          status, [*events, *(span.events or ())])
         return

@@ -36,10 +36,10 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from llmtrace import _runtime
 from llmtrace._otel.export import BoundedSpanProcessor
 from llmtrace._otel.ids import PrivateRandomIdGenerator, getrandbits
-from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT
+from llmtrace._otel.span_context import DIRECT_SPAN_CONTEXT
 
 _tuple_new = tuple.__new__
-_DIRECT_SPAN_CONTEXT = DIRECT_SPAN_CONTEXT  # made as the tuple it is (lifecycle/current.py)
+_DIRECT_SPAN_CONTEXT = DIRECT_SPAN_CONTEXT  # made as the tuple it is (_otel/span_context.py)
 _DEFAULT_TRACE_STATE = trace.DEFAULT_TRACE_STATE
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the flag is newer than the oldest SDK we support
 _INTERNAL = SpanKind.INTERNAL

@@ -20,8 +20,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from llmtrace._otel.span_context import DIRECT_SPAN_CONTEXT
 from llmtrace._safety import warn_once
-from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT, SPAN_KEY
+from llmtrace.lifecycle.current import SPAN_KEY
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _HEX = frozenset("0123456789abcdef")

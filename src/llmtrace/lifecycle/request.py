@@ -38,11 +38,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode
 
 from llmtrace import _runtime, semconv
+from llmtrace._otel.span_context import DIRECT_SPAN_CONTEXT
 from llmtrace._safety import guarded
 from llmtrace.lifecycle import emit
 from llmtrace.lifecycle.builder import BUILDER
 from llmtrace.lifecycle.clock import monotonic_ns, offset_ns, to_wall_ns
-from llmtrace.lifecycle.current import DIRECT_SPAN_CONTEXT, SPAN_KEY, current_context
+from llmtrace.lifecycle.current import SPAN_KEY, current_context
 from llmtrace.lifecycle.pending import RequestSpan
 from llmtrace.lifecycle.phases import build_request_spans, first_token_summary, phase_summary
 from llmtrace.lifecycle.propagation import carrier_of, extract, inject
