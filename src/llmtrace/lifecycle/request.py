@@ -379,8 +379,8 @@ def start_request(
     rid = request_id or uuid.uuid4().hex
     arrival = monotonic_ns() if arrival_ns is None else arrival_ns
     parent = extract(carrier) if carrier else current_context()
-    parent_flags = None if owns_span else _valid_and_sampled(parent)
-    if carrier and parent_flags is not None and not parent_flags[0]:
+    found_parent = None if owns_span else _parent_span(parent)
+    if carrier and found_parent is not None and not found_parent[1]:
         owns_span = True  # the carrier was unusable (logged): no other process's span to hang the phases on
     settings = _runtime.settings()
     attrs = _request_attributes(model, max_tokens, temperature, top_p, operation, stream, rid, attributes)
@@ -398,7 +398,7 @@ def start_request(
                 attributes=attrs)
             recording = span.is_recording()
     else:
-        recording = parent_flags is not None and parent_flags[1]  # (always computed above in this case)
+        recording = found_parent is not None and found_parent[2]  # (always computed above in this case)
     handle = RequestHandle(rid, arrival_ns=arrival, span=span, parent_context=parent, owns_span=owns_span,
                            recording=recording, attributes=attrs, prompt_tokens=prompt_tokens, prompt=text,
                            wall_offset_ns=offset)
@@ -409,38 +409,29 @@ def start_request(
     return handle
 
 
-def _valid_and_sampled(parent: otel_context.Context) -> tuple[bool, bool]:
-    """Whether the span in *parent* is valid and sampled, as ``get_current_span(parent)`` would
-    say, without the API's frames (an engine asks once per request, for the API server's span)."""
+def _parent_span(parent: otel_context.Context) -> tuple[SpanContext | None, bool, bool]:
+    """The context of the span in *parent*, whether it is valid and whether sampled — what
+    ``get_current_span(parent).get_span_context()`` would say — without the API's frames (asked
+    once per request). ``(None, False, False)`` when *parent* holds no span."""
     span = parent.get(SPAN_KEY)
-    try:
-        found: SpanContext | None = None if span is None else span.get_span_context()  # type: ignore[attr-defined]
+    if span is None:
+        return None, False, False
+    try:  # (not an ABC isinstance check: that is a frame of its own)
+        found: SpanContext = span.get_span_context()  # type: ignore[attr-defined]  # (the API's own read)
     except AttributeError:  # not a span: the API sees none
-        return False, False
+        return None, False, False
     if type(found) is SpanContext and DIRECT_SPAN_CONTEXT:
         _, _, _, flags, _, valid = found  # its fields without a property frame each
-        return valid, flags & 1 == 1
-    if found is None:
-        return False, False
-    return found.is_valid, found.trace_flags.sampled
+        return found, valid, flags & 1 == 1
+    return found, found.is_valid, found.trace_flags.sampled
 
 
 def _unsampled_child(parent: otel_context.Context) -> Span | None:
     """The span the SDK's parent-based sampler would give a child of an unsampled parent — a
     non-recording span with a fresh id — without its sampler call (most requests in production
     are not sampled); None where the SDK must decide (a sampled or no parent, another tracer)."""
-    span = parent.get(SPAN_KEY)  # what get_current_span(parent) reads, without its frames
-    if span is None:
-        return None
-    try:  # (not an ABC isinstance check: that is a frame of its own)
-        parent_context: SpanContext = span.get_span_context()  # type: ignore[attr-defined]  # (the API's own read)
-    except AttributeError:  # not a span: the API would see none, and so does the SDK's path
-        return None
-    if type(parent_context) is SpanContext and DIRECT_SPAN_CONTEXT:
-        _, _, _, flags, _, valid = parent_context  # its fields without a property frame each
-        if not valid or flags & 1:
-            return None
-    elif not parent_context.is_valid or parent_context.trace_flags.sampled:
+    parent_context, valid, sampled = _parent_span(parent)
+    if parent_context is None or not valid or sampled:
         return None
     spans = emit.current()
     if not isinstance(spans, emit.SdkFinishedSpans):

@@ -34,8 +34,10 @@ def _rows(value: Any) -> int:
 
 def encoding_counts(result: Any) -> tuple[int, int]:
     """(real tokens, sequences) of a ``BatchEncoding``: padding is not counted."""
-    if type(result) is list:  # encode()'s ids, once per request: without the ABC checks below
-        return _list_counts(result)
+    if type(result) is list:  # encode()'s ids, once per request: without the ABC checks below or a frame
+        if result and type(result[0]) is list:  # a batch
+            return sum(map(len, result)), len(result)
+        return len(result), 1
     if not isinstance(result, Mapping):
         return _numel(result), _rows(result)
     return _mapping_counts(result)
@@ -56,11 +58,6 @@ def _mapping_counts(result: Mapping[str, Any]) -> tuple[int, int]:
         return sum(sum(row) for row in mask), batch
     return sum(mask), batch
 
-
-def _list_counts(ids: list[Any]) -> tuple[int, int]:
-    if ids and type(ids[0]) is list:  # a batch
-        return sum(map(len, ids)), len(ids)
-    return len(ids), 1
 
 
 def ids_count(ids: Any) -> int:

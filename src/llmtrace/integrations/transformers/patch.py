@@ -18,8 +18,6 @@ from llmtrace.integrations.transformers import _constants, continuous, extractor
 
 
 def _count_encoding(result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int]:
-    if type(result) is list and (not result or type(result[0]) is not list):
-        return len(result), 1  # encode()'s ids, once per request: counted here, not two frames down
     return extractors.encoding_counts(result)
 
 
