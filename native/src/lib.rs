@@ -914,7 +914,7 @@ mod tokenizer_method;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 9)?;
+    m.add("ABI_VERSION", 10)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;

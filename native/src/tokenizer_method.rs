@@ -22,7 +22,16 @@
 //! 3. a call that is observed — every user-level encode; a decode whose current request, or else
 //!    server scope, is recording — goes to `timed`, the Python function that times and reports
 //!    it (what the Python method calls for it too), with the pass-through flag set around it as
-//!    in case 2: the calls nested in it pass through, and `timed` sets no flag of its own;
+//!    in case 2: the calls nested in it pass through, and `timed` sets no flag of its own.
+//!    Except the common one of them, a streamed token of a sampled request (sixteen in a 16-token
+//!    stream): a decode method made with `failed` times the call itself and adds its duration to
+//!    the request it belongs to, which is all `timed` would do with it (`_decode_reporting`),
+//!    without its frame (which repacks the arguments) and the three below it. That request is the
+//!    current one when it records; with no request current, the recording server scope's last
+//!    open request, unless the scope defers a request's end (then, and when it has no open
+//!    request, `timed` decides). A call that raises an `Exception` is reported through
+//!    `failed(elapsed_ns, exception, tokenizer, *args, **kwargs)` (the failed decode's span)
+//!    before the exception goes on to the caller; an interrupt is not reported;
 //! 4. everything else goes to `fallback`, the Python method itself (the reference, which decides
 //!    again): a decode with neither a request nor a scope current, and any error while looking
 //!    (the Python method then decides, and counts the error).
@@ -40,6 +49,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::OnceLock;
+use std::time::Instant;
 
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
@@ -74,12 +84,19 @@ struct RawMethod {
     request_var: *mut ffi::PyObject,
     /// `ContextVar[ServerScope | None]`, NULL with `request_var`.
     scope_var: *mut ffi::PyObject,
+    /// For a decode timed here when its request records (case 3 of the module docs): reports a
+    /// failed call; NULL where every observed call goes to `timed`.
+    failed: *mut ffi::PyObject,
 }
 
-/// The type object and the interned `recording`, made once per process.
+/// The type object and the interned attribute names, made once per process.
 struct MadeOnce {
     kind: Py<PyType>,
     recording: Py<PyString>,
+    detokenize_ns: Py<PyString>,
+    deferred: Py<PyString>,
+    handles: Py<PyString>,
+    finish_ns: Py<PyString>,
 }
 
 static MADE: OnceLock<MadeOnce> = OnceLock::new();
@@ -176,6 +193,10 @@ fn made_once(py: Python<'_>) -> PyResult<&'static MadeOnce> {
     let made = MadeOnce {
         kind: kind.cast_into::<PyType>()?.unbind(),
         recording: PyString::intern(py, "recording").unbind(),
+        detokenize_ns: PyString::intern(py, "detokenize_ns").unbind(),
+        deferred: PyString::intern(py, "deferred").unbind(),
+        handles: PyString::intern(py, "handles").unbind(),
+        finish_ns: PyString::intern(py, "finish_ns").unbind(),
     };
     // Another thread may have made them first (the GIL is released nowhere above, but be exact).
     Ok(MADE.get_or_init(|| made))
@@ -191,9 +212,10 @@ pub(crate) fn method_type(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
 }
 
 /// The method put in place of a tokenizer's *original*: see the module docstring. *observe* is
-/// `(request_var, scope_var)` for a method timed only when observed, else `None`.
+/// `(request_var, scope_var)` for a method timed only when observed, else `None`; *failed*, for
+/// such a method (a decode), makes it time a call of a recording request itself.
 #[pyfunction]
-#[pyo3(signature = (original, timed, fallback, in_tokenizer, observe=None))]
+#[pyo3(signature = (original, timed, fallback, in_tokenizer, observe=None, failed=None))]
 pub(crate) fn tokenizer_method<'py>(
     py: Python<'py>,
     original: Bound<'py, PyAny>,
@@ -201,11 +223,19 @@ pub(crate) fn tokenizer_method<'py>(
     fallback: Bound<'py, PyAny>,
     in_tokenizer: Bound<'py, PyAny>,
     observe: Option<(Bound<'py, PyAny>, Bound<'py, PyAny>)>,
+    failed: Option<Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !original.is_callable() || !timed.is_callable() || !fallback.is_callable() {
         return Err(PyTypeError::new_err(
             "tokenizer_method: original, timed and fallback must be callable",
         ));
+    }
+    if let Some(failed) = &failed {
+        if observe.is_none() || !failed.is_callable() {
+            return Err(PyTypeError::new_err(
+                "tokenizer_method: failed must be callable, and given with observe",
+            ));
+        }
     }
     let kind = made_once(py)?.kind.bind(py);
     // SAFETY: `kind` is the type made above (a GC type of RawMethod's size); GenericAlloc returns
@@ -223,6 +253,9 @@ pub(crate) fn tokenizer_method<'py>(
         if let Some((request_var, scope_var)) = observe {
             (*raw).request_var = request_var.into_ptr();
             (*raw).scope_var = scope_var.into_ptr();
+        }
+        if let Some(failed) = failed {
+            (*raw).failed = failed.into_ptr();
         }
         Ok(object)
     }
@@ -261,6 +294,7 @@ unsafe extern "C" fn traverse(
             (*raw).in_tokenizer,
             (*raw).request_var,
             (*raw).scope_var,
+            (*raw).failed,
             ffi::Py_TYPE(slf).cast(),
         ] {
             if !field.is_null() {
@@ -287,6 +321,7 @@ unsafe extern "C" fn clear(slf: *mut ffi::PyObject) -> c_int {
             &mut (*raw).in_tokenizer,
             &mut (*raw).request_var,
             &mut (*raw).scope_var,
+            &mut (*raw).failed,
         ] {
             let old = std::mem::replace(field, null_mut());
             ffi::Py_XDECREF(old);
@@ -343,18 +378,43 @@ unsafe extern "C" fn call(
             Some(true) => return ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames),
             Some(false) => {}
         }
+        let made = MADE.get();
         let observed = if raw.request_var.is_null() || raw.scope_var.is_null() {
-            Some(true) // a method whose user-level calls are all timed
+            Observed::Yes // a method whose user-level calls are all timed
         } else {
-            match MADE.get() {
+            match made {
                 Some(found) => observed(raw.request_var, raw.scope_var, found.recording.as_ptr()),
-                None => None,
+                None => Observed::Unknown,
             }
         };
         let callee = match observed {
-            Some(true) => raw.timed,
-            None => return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames),
-            Some(false) => raw.original,
+            Observed::Request(request) => match made {
+                Some(found) if !raw.failed.is_null() => {
+                    return timed_here(raw, request, found, args, nargsf, kwnames);
+                }
+                _ => {
+                    ffi::Py_DECREF(request);
+                    raw.timed
+                }
+            },
+            Observed::Scope(scope) => {
+                let request = match made {
+                    Some(found) if !raw.failed.is_null() => streaming_request(scope, found),
+                    _ => null_mut(),
+                };
+                ffi::Py_DECREF(scope);
+                match made {
+                    Some(found) if !request.is_null() => {
+                        return timed_here(raw, request, found, args, nargsf, kwnames);
+                    }
+                    _ => raw.timed,
+                }
+            }
+            Observed::Yes => raw.timed,
+            Observed::Unknown => {
+                return ffi::PyObject_Vectorcall(raw.fallback, args, nargsf, kwnames)
+            }
+            Observed::No => raw.original,
         };
         // Restoring the flag touches no Python state: the callee's result or exception (a pyo3
         // `PanicException` included) reaches the caller exactly as it came.
@@ -396,42 +456,207 @@ unsafe fn flag_set(var: *mut ffi::PyObject) -> Option<bool> {
     }
 }
 
+/// What [`observed`] found.
+enum Observed {
+    /// The current request records: a new reference to it.
+    Request(*mut ffi::PyObject),
+    /// No request is current and the current server scope records: a new reference to it.
+    Scope(*mut ffi::PyObject),
+    /// The method times every call.
+    Yes,
+    /// The current request, or else server scope, does not record.
+    No,
+    /// Not known here: neither is current, or reading them failed (the error is cleared, and the
+    /// Python method, which asks again, decides and counts it).
+    Unknown,
+}
+
 /// Whether the call lands on a recording span: the current request's `recording`, or, with no
-/// request current, the current server scope's. `None` when that is not known here (neither is
-/// current, or reading them failed: the error is cleared, and the Python method, which asks
-/// again, decides and counts it).
+/// request current, the current server scope's.
 unsafe fn observed(
     request_var: *mut ffi::PyObject,
     scope_var: *mut ffi::PyObject,
     recording: *mut ffi::PyObject,
-) -> Option<bool> {
+) -> Observed {
     // SAFETY: valid objects with the GIL held (the caller's contract); every new reference is
-    // released before returning.
+    // released before returning, but the recording request's, which the caller owns.
     unsafe {
         for var in [request_var, scope_var] {
             let mut current: *mut ffi::PyObject = null_mut();
             if ffi::PyContextVar_Get(var, ffi::Py_None(), &mut current) < 0 {
                 ffi::PyErr_Clear();
-                return None;
+                return Observed::Unknown;
             }
             if current.is_null() || current == ffi::Py_None() {
                 ffi::Py_XDECREF(current);
                 continue;
             }
             let value = ffi::PyObject_GetAttr(current, recording);
-            ffi::Py_DECREF(current);
             if value.is_null() {
+                ffi::Py_DECREF(current);
                 ffi::PyErr_Clear();
-                return None;
+                return Observed::Unknown;
             }
             let truth = ffi::PyObject_IsTrue(value);
             ffi::Py_DECREF(value);
-            if truth < 0 {
-                ffi::PyErr_Clear();
-                return None;
+            if truth <= 0 {
+                ffi::Py_DECREF(current);
             }
-            return Some(truth != 0);
+            return match truth {
+                0 => Observed::No,
+                1.. if var == request_var => Observed::Request(current),
+                1.. => Observed::Scope(current),
+                _ => {
+                    ffi::PyErr_Clear();
+                    Observed::Unknown
+                }
+            };
         }
-        None
+        Observed::Unknown
+    }
+}
+
+/// The request a decode in the recording server scope *scope* belongs to, as `_decode_reporting`
+/// finds it: the scope's last open request (`finish_ns` is None), unless the scope defers a
+/// request's end. A new reference, or NULL (no exception set) where `timed` must decide.
+unsafe fn streaming_request(scope: *mut ffi::PyObject, made: &MadeOnce) -> *mut ffi::PyObject {
+    // SAFETY: a live object with the GIL held; new references released, the found request's
+    // excepted, and every error cleared (`timed`, which asks again, then decides and counts it).
+    unsafe {
+        let deferred = ffi::PyObject_GetAttr(scope, made.deferred.as_ptr());
+        if deferred.is_null() {
+            ffi::PyErr_Clear();
+            return null_mut();
+        }
+        let defers = ffi::PyObject_IsTrue(deferred);
+        ffi::Py_DECREF(deferred);
+        if defers != 0 {
+            ffi::PyErr_Clear(); // (an error reading it: -1)
+            return null_mut();
+        }
+        let handles = ffi::PyObject_GetAttr(scope, made.handles.as_ptr());
+        if handles.is_null() {
+            ffi::PyErr_Clear();
+            return null_mut();
+        }
+        let mut found = null_mut();
+        if ffi::PyList_CheckExact(handles) != 0 {
+            let mut index = ffi::PyList_GET_SIZE(handles);
+            while index > 0 {
+                index -= 1;
+                let handle = ffi::PyList_GET_ITEM(handles, index); // borrowed
+                let finish = ffi::PyObject_GetAttr(handle, made.finish_ns.as_ptr());
+                if finish.is_null() {
+                    ffi::PyErr_Clear();
+                    break;
+                }
+                let open = finish == ffi::Py_None();
+                ffi::Py_DECREF(finish);
+                if open {
+                    ffi::Py_INCREF(handle);
+                    found = handle;
+                    break;
+                }
+            }
+        }
+        ffi::Py_DECREF(handles);
+        found
+    }
+}
+
+/// Case 3's common call, timed here: `original` with the pass-through flag set around it, its
+/// duration added to *request*'s `detokenize_ns` (whose reference this consumes); a failed call
+/// reported through `failed`. Returns what `original` returned, or NULL with its exception.
+unsafe fn timed_here(
+    raw: &RawMethod,
+    request: *mut ffi::PyObject,
+    made: &MadeOnce,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) -> *mut ffi::PyObject {
+    // SAFETY: the caller's contract (GIL held, live objects, the caller's arguments); every new
+    // reference made here is released before returning, the result's excepted.
+    unsafe {
+        let start = Instant::now();
+        let outer = PASSING_THROUGH.replace(true);
+        let result = ffi::PyObject_Vectorcall(raw.original, args, nargsf, kwnames);
+        PASSING_THROUGH.set(outer);
+        let elapsed = i64::try_from(start.elapsed().as_nanos()).unwrap_or(i64::MAX);
+        if result.is_null() {
+            ffi::Py_DECREF(request);
+            if ffi::PyErr_ExceptionMatches(ffi::PyExc_Exception) != 0 {
+                report_failure(raw.failed, elapsed, args, nargsf, kwnames);
+            }
+            return result;
+        }
+        add_duration(request, made.detokenize_ns.as_ptr(), elapsed);
+        ffi::Py_DECREF(request);
+        result
+    }
+}
+
+/// `request.detokenize_ns += elapsed`, what `RequestHandle.detokenized` does. Never the host's
+/// error: a failure is cleared (the attribute is a slot of an int that only llmtrace writes).
+unsafe fn add_duration(request: *mut ffi::PyObject, name: *mut ffi::PyObject, elapsed: i64) {
+    // SAFETY: live objects with the GIL held, no exception set; new references released.
+    unsafe {
+        let total = ffi::PyObject_GetAttr(request, name);
+        if total.is_null() {
+            ffi::PyErr_Clear();
+            return;
+        }
+        let duration = ffi::PyLong_FromLongLong(elapsed);
+        let sum = if duration.is_null() {
+            null_mut()
+        } else {
+            ffi::PyNumber_Add(total, duration)
+        };
+        ffi::Py_DECREF(total);
+        ffi::Py_XDECREF(duration);
+        if sum.is_null() || ffi::PyObject_SetAttr(request, name, sum) < 0 {
+            ffi::PyErr_Clear();
+        }
+        ffi::Py_XDECREF(sum);
+    }
+}
+
+/// `failed(elapsed_ns, exception, *args, **kwargs)` for the call whose exception is set, which is
+/// set again afterwards, exactly as it was (an error of `failed` itself is cleared).
+unsafe fn report_failure(
+    failed: *mut ffi::PyObject,
+    elapsed: i64,
+    args: *const *mut ffi::PyObject,
+    nargsf: usize,
+    kwnames: *mut ffi::PyObject,
+) {
+    // SAFETY: an exception is set (the caller checked); it is fetched before Python code runs and
+    // restored after, with every reference it held. The argument buffer is the caller's, read
+    // for `nargs` positional and `len(kwnames)` keyword values.
+    unsafe {
+        let (mut kind, mut value, mut traceback) = (null_mut(), null_mut(), null_mut());
+        ffi::PyErr_Fetch(&mut kind, &mut value, &mut traceback);
+        ffi::PyErr_NormalizeException(&mut kind, &mut value, &mut traceback);
+        if !traceback.is_null() && !value.is_null() {
+            ffi::PyException_SetTraceback(value, traceback);
+        }
+        let nargs = ffi::PyVectorcall_NARGS(nargsf) as usize;
+        let nkw = if kwnames.is_null() {
+            0
+        } else {
+            ffi::PyTuple_GET_SIZE(kwnames) as usize
+        };
+        let duration = ffi::PyLong_FromLongLong(elapsed);
+        if !duration.is_null() && !value.is_null() {
+            let mut call_args: Vec<*mut ffi::PyObject> = Vec::with_capacity(2 + nargs + nkw);
+            call_args.push(duration);
+            call_args.push(value);
+            call_args.extend_from_slice(std::slice::from_raw_parts(args, nargs + nkw));
+            let reported = ffi::PyObject_Vectorcall(failed, call_args.as_ptr(), 2 + nargs, kwnames);
+            ffi::Py_XDECREF(reported);
+        }
+        ffi::Py_XDECREF(duration);
+        ffi::PyErr_Clear(); // failed's own error, or the long's: never instead of the call's
+        ffi::PyErr_Restore(kind, value, traceback);
     }
 }

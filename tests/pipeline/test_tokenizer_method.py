@@ -35,7 +35,8 @@ class Harness:
     """A class with one method replaced the way the integrations replace it; what reached the
     original and the Python fallback, and the flag each saw."""
 
-    def __init__(self, observe: bool = True, fail: BaseException | None = None) -> None:
+    def __init__(self, observe: bool = True, fail: BaseException | None = None, times_requests: bool = False,
+                 failed_raises: bool = False) -> None:
         self.flag: contextvars.ContextVar[bool] = contextvars.ContextVar("flag", default=False)
         self.request: contextvars.ContextVar[Any] = contextvars.ContextVar("request", default=None)
         self.scope: contextvars.ContextVar[Any] = contextvars.ContextVar("scope", default=None)
@@ -43,6 +44,7 @@ class Harness:
         self.fallback_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         self.timed_calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
         self.timed_flags: list[bool] = []  # whether the timing function's nested calls pass through
+        self.failed_calls: list[tuple[Any, ...]] = []
         harness = self
 
         def decode(self: Any, ids: list[int], skip_special_tokens: bool = False) -> str:
@@ -62,9 +64,15 @@ class Harness:
             harness.fallback_calls.append((self, args, kwargs))
             return "fallback"
 
+        def failed(*args: Any, **kwargs: Any) -> None:
+            harness.failed_calls.append((*args, kwargs))
+            if failed_raises:
+                raise RuntimeError("llmtrace's own failure while reporting")
+
         self.original = decode
         self.method = NATIVE.tokenizer_method(decode, timed, fallback, self.flag,
-                                              (self.request, self.scope) if observe else None)
+                                              (self.request, self.scope) if observe else None,
+                                              failed if times_requests else None)
         functools.update_wrapper(self.method, decode)
         self.cls: Any = type("Tokenizer", (), {"decode": self.method})
 
@@ -185,6 +193,99 @@ def test_the_python_method_decides_what_the_compiled_one_cannot() -> None:
 
 class Interrupted(BaseException):
     """Not an Exception (as KeyboardInterrupt, or pyo3's PanicException from a Rust tokenizer)."""
+
+
+class Request(Observed):
+    """A request record as the compiled decode reads and writes it."""
+
+    def __init__(self, recording: bool, finish_ns: int | None = None) -> None:
+        super().__init__(recording)
+        self.detokenize_ns = 5
+        self.finish_ns = finish_ns
+
+
+class Scope(Observed):
+    """A server scope as the compiled decode reads it."""
+
+    def __init__(self, handles: list[Request], deferred: dict[int, Any] | None = None) -> None:
+        super().__init__(True)
+        self.handles = handles
+        self.deferred = deferred or {}
+
+
+@needs_native
+def test_a_decode_of_a_recording_request_is_timed_in_place() -> None:
+    """A method made with `failed` (the decodes): a call whose current request records runs the
+    original with the pass-through flag set around it and adds its duration to the request's
+    `detokenize_ns`, without the timing function; with no request current, a recording scope's
+    call still goes to the timing function, and an unrecorded request's passes through untimed."""
+    harness = Harness(times_requests=True)
+    request = Request(True)
+    harness.request.set(request)
+    instance = harness.cls()
+    assert instance.decode([7, 8], skip_special_tokens=True) == "7 8"
+    assert [(instance, ([7, 8],), {"skip_special_tokens": True}, True)] == harness.original_calls
+    assert [] == harness.timed_calls == harness.fallback_calls == harness.failed_calls
+    assert request.detokenize_ns > 5 and not harness.passing()
+
+    idle = Request(False)
+    harness.request.set(idle)
+    assert instance.decode([1]) == "1" and idle.detokenize_ns == 5 and [] == harness.timed_calls
+
+    harness.request.set(None)
+    harness.scope.set(Observed(True))  # not a scope it can read: the timing function decides
+    assert instance.decode([1]) == "timed" and len(harness.timed_calls) == 1
+
+
+@needs_native
+def test_a_streamed_decode_in_a_recording_scope_is_timed_on_its_last_open_request() -> None:
+    """No request current and the server scope records: the duration goes to the scope's last open
+    request; where the scope defers a request's end, or has no open request, the timing function
+    decides (as `_decode_reporting` does)."""
+    harness = Harness(times_requests=True)
+    streaming, earlier, done = Request(False), Request(True), Request(True, finish_ns=1)
+    harness.scope.set(Scope([earlier, streaming, done]))
+    instance = harness.cls()
+    assert instance.decode([4]) == "4"
+    assert streaming.detokenize_ns > 5 and earlier.detokenize_ns == done.detokenize_ns == 5
+    assert [] == harness.timed_calls and not harness.passing()
+    for scope in (Scope([streaming], deferred={id(streaming): object()}), Scope([done]), Scope([])):
+        harness.scope.set(scope)
+        assert instance.decode([4]) == "timed"
+    assert 3 == len(harness.timed_calls)
+
+
+@needs_native
+@pytest.mark.parametrize("failed_raises", [False, True])
+def test_a_failed_decode_timed_in_place_is_reported_and_reraised(failed_raises: bool) -> None:
+    """The tokenizer's exception reaches the caller as it came (the same object, its traceback),
+    after `failed(elapsed_ns, exception, instance, *args, **kwargs)` reported it — even when
+    reporting fails; an interrupt is not reported; the request's total is not added to."""
+    error = ValueError("bad ids")
+    harness = Harness(fail=error, times_requests=True, failed_raises=failed_raises)
+    request = Request(True)
+    harness.request.set(request)
+    instance = harness.cls()
+    with pytest.raises(ValueError) as raised:
+        instance.decode([3], skip_special_tokens=False)
+    assert raised.value is error and raised.traceback[-1].name == "decode"
+    (elapsed, reported, tokenizer, ids, kwargs), = harness.failed_calls
+    assert elapsed >= 0 and reported is error and tokenizer is instance and [3] == ids
+    assert {"skip_special_tokens": False} == kwargs
+    assert request.detokenize_ns == 5 and not harness.passing()
+
+    interrupted = Harness(fail=Interrupted("stop"), times_requests=True)
+    interrupted.request.set(Request(True))
+    with pytest.raises(Interrupted):
+        interrupted.cls().decode([3])
+    assert [] == interrupted.failed_calls and not interrupted.passing()
+
+
+@needs_native
+def test_failed_needs_observe() -> None:
+    """`failed` times a recording request's calls: a method that times every call cannot take it."""
+    with pytest.raises(TypeError, match="failed"):
+        NATIVE.tokenizer_method(len, len, len, contextvars.ContextVar("flag"), None, len)
 
 
 @needs_native

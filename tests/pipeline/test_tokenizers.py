@@ -85,6 +85,23 @@ def test_encode_in_a_request_is_recorded_on_the_request(tiny_tokenizer: Any, cap
     assert [] == captured.named(semconv.SPAN_DETOKENIZE)  # incremental detokenize is a total, not a span
 
 
+def test_a_failed_decode_in_a_request_is_a_detokenize_error_span(tiny_tokenizer: Any, capture_spans: Any) -> None:
+    """A decode that raises inside a sampled request: the exception reaches the caller, the call's
+    time goes on the request, and the failure is an ERROR ``llm.detokenize`` child of it."""
+    raw = _raw(tiny_tokenizer)
+    with capture_spans() as captured:
+        handle = llmtrace.start_request(model="m")
+        with handle.activate(), pytest.raises(TypeError):
+            raw.decode("not token ids")
+        handle.finished()
+    request = captured.one(semconv.SPAN_REQUEST)
+    failed = captured.one(semconv.SPAN_DETOKENIZE)
+    assert [failed] == captured.children(request, semconv.SPAN_DETOKENIZE)
+    assert trace.StatusCode.ERROR == failed.status.status_code
+    assert "TypeError" == failed.events[0].attributes["exception.type"]
+    assert request.attributes[semconv.LLM_DETOKENIZE_TOTAL_S] > 0
+
+
 def test_decode_for_an_unsampled_request_is_not_timed(tiny_tokenizer: Any, capture_spans: Any) -> None:
     """Sampling dropped the request: its decodes pass straight through (a decode's time only goes on
     spans), while its encode still counts the prompt (metrics need it)."""

@@ -235,7 +235,8 @@ def _reporting(original: Any, after: Any) -> Callable[..., Any]:
 
 
 def _timed_tokenizer_method(after: Any | None, observed: Callable[[], bool] | None = None,
-                            reporting: Callable[[Any], Callable[..., Any]] | None = None) -> Callable[[Any], Any]:
+                            reporting: Callable[[Any], Callable[..., Any]] | None = None,
+                            failed: Callable[..., None] | None = None) -> Callable[[Any], Any]:
     """``make(original)`` for :meth:`~llmtrace.integrations._base.Patches.replace`: a tokenizer
     method *original* in a plain function that times one user-level call (nested calls pass
     straight through), then reports through *after(original, instance, args, kwargs, result,
@@ -251,7 +252,10 @@ def _timed_tokenizer_method(after: Any | None, observed: Callable[[], bool] | No
     Python method, the reference: a streamed token at 0 % sampling costs no Python frame of
     llmtrace's. ``LLMTRACE_NATIVE_TOKENIZER=python`` keeps the Python method alone.
     *reporting(original)*, when given, makes that timing function instead of :func:`_reporting` (and
-    *after* goes unused)."""
+    *after* goes unused). *failed*, for an observed method, lets the compiled form time a call of a
+    recording request itself (what *reporting*'s function would do: the duration added to the
+    request's ``detokenize_ns``) and report a failed one through ``failed(elapsed_ns, error,
+    instance, *args, **kwargs)``."""
 
     def make(original: Any) -> Any:
         report = reporting(original) if reporting is not None else _reporting(original, after)
@@ -283,7 +287,8 @@ def _timed_tokenizer_method(after: Any | None, observed: Callable[[], bool] | No
             return method
         # The compiled method asks what _decode_observed asks first, from the same variables.
         compiled = native.tokenizer_method(original, report, method, _in_tokenizer,
-                                           None if observed is None else (REQUEST_VAR, SCOPE_VAR))
+                                           None if observed is None else (REQUEST_VAR, SCOPE_VAR),
+                                           None if observed is None else failed)
         functools.update_wrapper(compiled, original)
         return compiled
 
@@ -308,7 +313,16 @@ def _after_encode(count: Any, text_param: str, original: Any, instance: Any, arg
 
 def decode_method(count: Any) -> Callable[[Any], Any]:
     """``make(original)`` timing one user-level decode; *count(args, kwargs)* -> tokens."""
-    return _timed_tokenizer_method(None, _decode_observed, functools.partial(_decode_reporting, count))
+    return _timed_tokenizer_method(None, _decode_observed, functools.partial(_decode_reporting, count),
+                                   functools.partial(_decode_failed, count))
+
+
+def _decode_failed(count: Any, elapsed_ns: int, error: BaseException, instance: Any, /, *args: Any,
+                   **kwargs: Any) -> None:
+    """A decode the compiled method timed that raised *error* after *elapsed_ns*: reported as the
+    Python method reports it (:func:`record_detokenize`, the failed call's span)."""
+    end = monotonic_ns()
+    record_detokenize(end - elapsed_ns, end, DecodeCall(count, instance, args, kwargs, None, error))
 
 
 def _decode_reporting(count: Any, original: Any) -> Callable[..., Any]:

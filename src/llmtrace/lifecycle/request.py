@@ -138,7 +138,7 @@ class RequestHandle:
         # unless the adapter reported the count at the end: the per-step loop only appends.
         self._extra_tokens = 0
         self._reported_tokens: int | None = None
-        self.detokenize_ns = 0
+        self.detokenize_ns = 0  # (also added to by the compiled decode method: native/src/tokenizer_method.rs)
         #: (cached, transferred) prompt tokens, as the engine first reported them.
         self.prompt_cache: tuple[int, int] | None = None
         #: [draft tokens, accepted tokens] of speculative decoding, summed over the steps.
