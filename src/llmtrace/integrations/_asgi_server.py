@@ -161,8 +161,8 @@ class _Call(ObservedCall):
     def _first_byte(self, message: Message) -> None:
         scope = self.exchange.scope
         if _asgi.is_streamed(self.response_start, message) and scope.first_byte_ns is not None:
-            self.start.span.set_attribute(semconv.LLM_TIME_TO_FIRST_BYTE_S,
-                                          (scope.first_byte_ns - scope.arrival_ns) * 1e-9)
+            self.start[0].set_attribute(semconv.LLM_TIME_TO_FIRST_BYTE_S,  # (.span without its frame and cast)
+                                        (scope.first_byte_ns - scope.arrival_ns) * 1e-9)
 
     @guarded("asgi.response_start", default=None)
     def _traced_start(self, message: Message) -> Message | None:
@@ -172,7 +172,8 @@ class _Call(ObservedCall):
         return {**message, "headers": [*(message.get("headers") or ()), *self._trace_headers(message)]}
 
     def _trace_headers(self, start: Message) -> list[tuple[bytes, bytes]]:
-        headers = [(_TRACERESPONSE, _server_span.traceresponse(self.start.span).encode()), _EXPOSE_TRACERESPONSE]
+        headers = [(_TRACERESPONSE, _server_span.traceresponse(self.start[0]).encode()),  # (.span, as above)
+                   _EXPOSE_TRACERESPONSE]
         handles = self.exchange.scope.handles
         if handles and not _declares_stream(start.get("headers") or ()):
             entries = server_timing(handles[0])

@@ -447,8 +447,8 @@ def _request_span(parent: otel_context.Context, attributes: dict[str, Any]) -> S
     spans = emit.current()
     if not isinstance(spans, emit.SdkFinishedSpans):
         return None
-    found = trace.get_current_span(parent).get_span_context()
-    parent_context: SpanContext | None = found if found.is_valid else None
+    found, valid, _ = _parent_span(parent)
+    parent_context = found if valid else None
     if parent_context is None and not spans.reads_root_sampler:
         return None
     context, sampled = spans.new_context(parent_context, semconv.SPAN_REQUEST, SpanKind.INTERNAL)
