@@ -45,7 +45,7 @@ SAMPLE_RATIOS = {"llmtrace_0": 0.0, "full": 1.0}
 MIXED = {"1 % (mixed)": 0.01, "10 % production (mixed)": 0.1}
 #: The whole untraced reference server's instructions per 16-token streamed request (front end
 #: and engine, docs/performance.md "The reference server counted whole").
-SERVER_INSTRUCTIONS = 49.325e6
+SERVER_INSTRUCTIONS = 49.245e6
 #: What the engine reports back with a request's end (the keys of ``RequestHandle.summary()``).
 _SUMMARY = {"queue_s": 0.0012, "preemptions": 0, "decode_stall_s": 0.0, "prefill_s": 0.004, "decode_s": 0.05,
             "first_step": 10, "last_step": 25, "decode_steps": 15, "cached_tokens": 0}
