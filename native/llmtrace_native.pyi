@@ -160,6 +160,7 @@ def tokenizer_method(
     fallback: Callable[..., Any],
     in_tokenizer: Any,
     observe: tuple[Any, Any] | None = None,
+    failed: Callable[..., Any] | None = None,
 ) -> TokenizerMethod:
     """The method put in place of a tokenizer's ``original`` (native/src/tokenizer_method.rs): a call
     while ``in_tokenizer`` (a ``ContextVar[bool]``) is true, or inside a call passed through on this
@@ -167,7 +168,11 @@ def tokenizer_method(
     whose current request — or, with none, server scope — has a false ``recording`` goes to
     ``original`` with this thread's pass-through flag (``tokenizer_passing_through``) set around it,
     one whose ``recording`` is true (and, without ``observe``, every call) to ``timed`` with that
-    flag set around it too; a call it cannot decide to ``fallback``, the Python method."""
+    flag set around it too; a call it cannot decide to ``fallback``, the Python method. With
+    ``failed`` (and ``observe``), a recorded call whose request is the current one, or the recording
+    scope's last open one (none deferred), is timed here: ``original`` under the flag, its duration
+    added to that request's ``detokenize_ns``; if it raises an ``Exception``, ``failed(elapsed_ns,
+    exception, *args, **kwargs)`` reports it before the exception reaches the caller."""
 
 def tokenizer_passing_through() -> bool:
     """Whether this thread runs a tokenizer call a ``tokenizer_method`` passed on, to ``original``

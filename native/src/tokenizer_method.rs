@@ -544,19 +544,23 @@ unsafe fn streaming_request(scope: *mut ffi::PyObject, made: &MadeOnce) -> *mut 
             let mut index = ffi::PyList_GET_SIZE(handles);
             while index > 0 {
                 index -= 1;
-                let handle = ffi::PyList_GET_ITEM(handles, index); // borrowed
+                // Held while its attribute is read: reading may run code that changes the list.
+                let handle = ffi::PyList_GET_ITEM(handles, index);
+                ffi::Py_INCREF(handle);
                 let finish = ffi::PyObject_GetAttr(handle, made.finish_ns.as_ptr());
                 if finish.is_null() {
+                    ffi::Py_DECREF(handle);
                     ffi::PyErr_Clear();
                     break;
                 }
                 let open = finish == ffi::Py_None();
                 ffi::Py_DECREF(finish);
                 if open {
-                    ffi::Py_INCREF(handle);
                     found = handle;
                     break;
                 }
+                ffi::Py_DECREF(handle);
+                index = index.min(ffi::PyList_GET_SIZE(handles)); // (shorter now, if that code shrank it)
             }
         }
         ffi::Py_DECREF(handles);

@@ -256,6 +256,28 @@ def test_a_streamed_decode_in_a_recording_scope_is_timed_on_its_last_open_reques
 
 
 @needs_native
+def test_a_scope_whose_requests_change_while_read_is_read_safely() -> None:
+    """A request whose `finish_ns` is code that empties the scope's list while the compiled method
+    walks it: no request of the emptied list is read, and the timing function decides."""
+    harness = Harness(times_requests=True)
+    handles: list[Request] = []
+
+    class Shrinking(Request):
+        @property
+        def finish_ns(self) -> int:
+            handles.clear()
+            return 1
+
+        @finish_ns.setter
+        def finish_ns(self, value: int | None) -> None:
+            pass
+
+    handles.extend([Request(True), Request(True), Shrinking(True)])
+    harness.scope.set(Scope(handles))
+    assert harness.cls().decode([4]) == "timed" and [] == handles
+
+
+@needs_native
 @pytest.mark.parametrize("failed_raises", [False, True])
 def test_a_failed_decode_timed_in_place_is_reported_and_reraised(failed_raises: bool) -> None:
     """The tokenizer's exception reaches the caller as it came (the same object, its traceback),
