@@ -59,7 +59,6 @@ def _mapping_counts(result: Mapping[str, Any]) -> tuple[int, int]:
     return sum(mask), batch
 
 
-
 def ids_count(ids: Any) -> int:
     """Number of token ids passed to ``decode`` (an int, a list, a tensor)."""
     return _numel(ids)
