@@ -387,23 +387,20 @@ unsafe extern "C" fn call(
                 None => Observed::Unknown,
             }
         };
+        // Where this method times a recorded call itself (a decode made with `failed`, case 3).
+        let timing = if raw.failed.is_null() { None } else { made };
         let callee = match observed {
-            Observed::Request(request) => match made {
-                Some(found) if !raw.failed.is_null() => {
-                    return timed_here(raw, request, found, args, nargsf, kwnames);
-                }
-                _ => {
+            Observed::Request(request) => match timing {
+                Some(found) => return timed_here(raw, request, found, args, nargsf, kwnames),
+                None => {
                     ffi::Py_DECREF(request);
                     raw.timed
                 }
             },
             Observed::Scope(scope) => {
-                let request = match made {
-                    Some(found) if !raw.failed.is_null() => streaming_request(scope, found),
-                    _ => null_mut(),
-                };
+                let request = timing.map_or(null_mut(), |found| streaming_request(scope, found));
                 ffi::Py_DECREF(scope);
-                match made {
+                match timing {
                     Some(found) if !request.is_null() => {
                         return timed_here(raw, request, found, args, nargsf, kwnames);
                     }
