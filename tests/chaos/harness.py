@@ -208,7 +208,11 @@ def spill_spans(directory: Path) -> dict[tuple[str, str], str]:
     """(trace id, span id) -> span name of every span in the spill files."""
     found: dict[tuple[str, str], str] = {}
     for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text(errors="replace").splitlines():
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:  # re-sent and removed between the listing and the read: nothing left in it
+            continue
+        for line in text.splitlines():
             with contextlib.suppress(*MALFORMED):
                 for span in decode_spans(line):
                     found[(format(span.context.trace_id, "032x"), format(span.context.span_id, "016x"))] = span.name
