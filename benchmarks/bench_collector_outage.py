@@ -28,6 +28,7 @@ spill in the default state directory, here under a temporary ``XDG_STATE_HOME``;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -77,7 +78,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         spill_size: list[tuple[float, int]] = []  # (when, bytes in the spill's segments)
 
         def spill_bytes() -> int:
-            return sum(path.stat().st_size for path in spill.glob("*.jsonl")) if spill.exists() else 0
+            total = 0
+            for path in spill.glob("*.jsonl") if spill.exists() else ():
+                with contextlib.suppress(FileNotFoundError):  # re-sent and removed since the listing
+                    total += path.stat().st_size
+            return total
 
         def sample_for(seconds: float) -> None:
             end = time.monotonic() + seconds

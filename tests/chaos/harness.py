@@ -58,11 +58,15 @@ class Outcome:
 
 
 def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process is gone
+        return []
     found: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as children:
-                found += [int(c) for c in children.read().split()]
+    for task in tasks:
+        # A thread that exits between the listing and the read takes only its own children's entry with it.
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as children:
+            found += [int(c) for c in children.read().split()]
     return found
 
 
