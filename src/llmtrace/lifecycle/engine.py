@@ -171,6 +171,11 @@ class StepRecord:
         handles: list[Any] = list(map(self.engine.tracker._open.get, request_ids))
         if not all(handles):  # an id the tracker never saw (None): the slow path logs and skips it
             handles = self.engine.handles_for(request_ids)
+        self.batch_handles(handles, preempted)
+
+    def batch_handles(self, handles: list[RequestHandle], preempted: int = 0) -> None:
+        """:meth:`batch_requests` for an integration that already holds the batch's open records
+        (those of this engine's tracker), found as it read the batch."""
         step_id = self.step_id
         for handle in handles:
             if handle.finish_ns is None:

@@ -426,6 +426,13 @@ def _parent_span(parent: otel_context.Context) -> tuple[SpanContext | None, bool
     return found, found.is_valid, found.trace_flags.sampled
 
 
+def in_span() -> bool:
+    """Whether the current context holds a valid span (a SERVER span, the caller's), as
+    ``trace.get_current_span().get_span_context().is_valid`` says, without the API's frames
+    (asked once per request by an adapter that joins a propagated context only where there is none)."""
+    return _parent_span(current_context())[1]
+
+
 def _unsampled_child(parent: otel_context.Context) -> Span | None:
     """The span the SDK's parent-based sampler would give a child of an unsampled parent — a
     non-recording span with a fresh id — without its sampler call (most requests in production

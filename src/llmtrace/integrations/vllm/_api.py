@@ -12,8 +12,6 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import trace
-
 from llmtrace import semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import IN_TOKENIZER, tokenizer_call
@@ -21,7 +19,7 @@ from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns, to_mono_ns
-from llmtrace.lifecycle.request import RequestHandle, start_request
+from llmtrace.lifecycle.request import RequestHandle, in_span, start_request
 
 
 # --------------------------------------------------------------------------- API-server side
@@ -130,7 +128,7 @@ def _open_api_request(request: Any) -> RequestHandle | None:
     now = monotonic_ns()
     render = RENDERS.pop(getattr(request, "prompt_token_ids", None))
     carrier = None
-    if not trace.get_current_span().get_span_context().is_valid:
+    if not in_span():
         # No SERVER span here: join the caller's trace that vLLM passed along (--otlp-traces-endpoint).
         carrier = X.carrier_from(getattr(request, "trace_headers", None))
     handle = start_request(params.request_id, model=API.model, prompt_tokens=params.prompt_tokens,

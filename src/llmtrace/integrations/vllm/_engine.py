@@ -109,13 +109,13 @@ def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) ->
 
 
 @guarded("vllm.engine.begin")
-def _begin(scheduler: Any) -> StepRecord | None:
-    return _state(scheduler).tracer.begin_step()
+def _begin(scheduler: Any) -> tuple[_EngineState, StepRecord] | None:
+    state = _state(scheduler)
+    return state, state.tracer.begin_step()
 
 
 @guarded("vllm.engine.scheduled")
-def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int) -> None:
-    state = _state(scheduler)
+def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, output: Any, end_ns: int) -> None:
     step.add_phase("schedule", step.start_ns, end_ns)
     handles = state.handles
     if step.sampled:
@@ -127,18 +127,20 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
         # into the scheduler, about half of this function's cost) would go unread.
         scheduled = getattr(output, "num_scheduled_tokens", None) or ()
         preempted = getattr(output, "preempted_req_ids", None) or ()
+    get = handles.get
     for request_id in preempted:
-        handle = handles.get(request_id)
+        handle = get(request_id)
         if handle is not None:
             handle.preempted(end_ns)
-    request_ids = [rid for rid in scheduled if rid in handles]
     if step.sampled:
         waiting, running = X.queue_counts(scheduler.get_request_counts())
-        step.batch(request_ids, prefill_tokens=info.prefill_tokens, decode_tokens=info.decode_tokens,
-                   waiting=waiting, running=running, kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()),
-                   preempted=len(preempted), cached_tokens=info.cached_tokens)
+        step.batch([rid for rid in scheduled if rid in handles], prefill_tokens=info.prefill_tokens,
+                   decode_tokens=info.decode_tokens, waiting=waiting, running=running,
+                   kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()), preempted=len(preempted),
+                   cached_tokens=info.cached_tokens)
     else:
-        step.batch_requests(request_ids, len(preempted))
+        # The records found here directly: the same ones the tracker holds, without a second lookup by id.
+        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted))
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
@@ -146,10 +148,10 @@ def _engine_scheduled(scheduler: Any, step: StepRecord, output: Any, end_ns: int
 
 def schedule_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        step = _begin(self)
+        began = _begin(self)
         output = original(self, *args, **kwargs)
-        if step is not None:
-            _engine_scheduled(self, step, output, monotonic_ns())
+        if began is not None:
+            _engine_scheduled(self, *began, output, monotonic_ns())
         return output
 
     return hook
@@ -175,7 +177,7 @@ def execute_model_hook(original: Callable[..., Any], positions: dict[str, int]) 
 @guarded("vllm.engine.updated")
 def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
                     start_ns: int, end_ns: int) -> None:
-    state = _state(scheduler)
+    state = pending.state if pending is not None else _state(scheduler)
     step = pending.step if pending is not None else None
     if pending is not None and step is not None:
         # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
@@ -212,8 +214,9 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         _engine_finished_output(state, output)
     if step is not None:
         state.tracer.end_step(step)
-    if not scheduler.has_requests():
+    if not handles and not scheduler.has_requests():
         # The engine goes idle: close the window now, or its steps would wait for the next request.
+        # (Asked of the scheduler only when none of the requests it was given is still open here.)
         state.tracer.flush_window()
 
 
