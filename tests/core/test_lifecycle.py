@@ -349,3 +349,30 @@ def test_first_token_summary_is_the_full_summarys_first_token_part(captured: Cap
     assert expected == pytest.approx(first)
     full = handle.summary()
     assert {k: full[k] for k in FIRST_TOKEN_KEYS if k in full} == first
+
+
+def test_in_span_says_what_the_api_says_about_the_current_span(captured: Captured) -> None:
+    """``in_span()`` (the vLLM adapter's test for a SERVER span to join) agrees with
+    ``get_current_span().get_span_context().is_valid``: no span, a live span, an invalid span, a
+    remote parent from a carrier, and a non-span object left under the API's key."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    from llmtrace import _runtime
+    from llmtrace.lifecycle.current import SPAN_KEY
+    from llmtrace.lifecycle.request import in_span
+
+    def agrees(expected: bool) -> None:
+        assert expected == trace.get_current_span().get_span_context().is_valid == in_span()
+
+    agrees(False)
+    with _runtime.tracer().start_as_current_span("POST /v1/completions"):
+        agrees(True)
+    for parent, expected in ((trace.set_span_in_context(trace.INVALID_SPAN), False),
+                             (extract({"traceparent": f"00-{7:032x}-{9:016x}-00"}), True),
+                             (otel_context.set_value(SPAN_KEY, "not a span"), False)):
+        token = otel_context.attach(parent)
+        try:
+            agrees(expected)
+        finally:
+            otel_context.detach(token)
