@@ -1,7 +1,7 @@
 """Runs the real vLLM ``LLM`` (API side + EngineCore process + Scheduler) with the fake executor.
 
 ``python -m tests.vllm.scenario MODEL_DIR [--requests N] [--max-tokens N] [--blocks N] [--stop]
-[--shared-prefix] [--otlp-traces-endpoint URL]``
+[--shared-prefix] [--log-stats] [--otlp-traces-endpoint URL]``
 prints one JSON line with what vLLM returned. llmtrace is turned on the way a
 deployment turns it on: by the ``vllm.general_plugins`` entry point, when the
 caller exports ``LLMTRACE_VLLM=1`` (or by ``--instrument``, calling
@@ -33,6 +33,8 @@ def main() -> None:
                         help="prompts share a long prefix; the first runs alone, so the rest hit the prefix cache")
     parser.add_argument("--instrument", action="store_true", help="llmtrace.instrument() before importing vLLM")
     parser.add_argument("--otlp-traces-endpoint", default=None, help="vLLM's own tracing (no llmtrace needed)")
+    parser.add_argument("--log-stats", action="store_true",
+                        help="vLLM's request stats on, as `vllm serve` has them (LLM's default is off)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     if args.instrument:
@@ -43,6 +45,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     extra: dict[str, Any] = {"num_gpu_blocks_override": args.blocks} if args.blocks else {}
+    if args.log_stats:
+        extra["disable_log_stats"] = False
     if args.otlp_traces_endpoint:
         extra["otlp_traces_endpoint"] = args.otlp_traces_endpoint
         extra["disable_log_stats"] = False  # vLLM's request spans are built from its stats (on in `vllm serve`)

@@ -96,6 +96,41 @@ def test_prefix_cache_hits_on_spans_equal_vllms_own(tiny_model: Path, tmp_path: 
     assert sum(vllm_cached) == step_cached
 
 
+def _request_metrics(traces: Path) -> tuple[int, dict[str, int]]:
+    """(requests in llmtrace.queue.time, llmtrace.prompt.tokens by source) from a scenario's file."""
+    metrics = trace_checks.load_metrics(traces)
+    queued = sum(int(point["count"]) for point in metrics["llmtrace.queue.time"])
+    tokens = {str(trace_checks.point_attributes(point)["llm.prompt_tokens.source"]): int(point["asInt"])
+              for point in metrics["llmtrace.prompt.tokens"]}
+    return queued, tokens
+
+
+def test_unsampled_requests_metrics_come_from_vllms_own_events(tiny_model: Path, tmp_path: Path) -> None:
+    """vLLM's request stats on (as in ``vllm serve``), requests unsampled, every engine window
+    sampled, shared-prefix prompts: EngineCore keeps no record of any request — its steps link to
+    none, yet count and list the whole batch — and the API server's request metrics, which it
+    takes from vLLM's own request events, say what they say when every request is traced and
+    EngineCore reports each one: every request queued, the same prompt tokens computed and cached."""
+    unsampled, traced = tmp_path / "unsampled.jsonl", tmp_path / "traced.jsonl"
+    args = ("--requests", "4", "--shared-prefix", "--log-stats")
+    result = run_scenario(tiny_model, unsampled, *args, LLMTRACE_VLLM="1", LLMTRACE_METRICS="true",
+                          LLMTRACE_SAMPLE_RATIO="0", LLMTRACE_ENGINE_SAMPLE_RATIO="1")
+    run_scenario(tiny_model, traced, *args, LLMTRACE_VLLM="1", LLMTRACE_METRICS="true")
+    driven("vLLM's request stats on; unsampled requests left to vLLM's events, against every request traced")
+    spans = trace_checks.load(unsampled)
+    assert [] == [s for s in spans if s.name in ("llm.request", "llm.queue", "llm.prefill", "llm.decode")]
+    steps = [s for s in spans if s.name == "llm.step"]
+    assert steps and [] == [link for s in steps for link in s.links]
+    batched = set().union(*(s.attributes["llm.batch.request_ids"] for s in steps))  # vLLM's internal ids
+    assert len(result) == len(batched) and {r["id"] for r in result} == {i.split("-")[0] for i in batched}
+    assert max(s.attributes["llm.batch.size"] for s in steps) > 1
+    assert all(len(s.attributes["llm.batch.request_ids"]) == s.attributes["llm.batch.size"] for s in steps)
+    queued, tokens = _request_metrics(unsampled)
+    assert len(result) == queued
+    assert tokens.get("cached", 0) == sum(r["cached"] for r in result) > 0
+    assert (queued, tokens) == _request_metrics(traced)
+
+
 def test_stop_string_ends_the_request_on_the_api_side(tiny_model: Path, tmp_path: Path) -> None:
     """vLLM's detokenizer matches a stop string and aborts the engine request: the trace still has
     one set of engine phases and the queue/prefill the engine sent with the first token."""

@@ -227,3 +227,37 @@ def test_speculative_decoding_counts_follow_vllms_accounting(scheduler: Any) -> 
     assert 5 == handle.output_tokens
     state.handles.pop("spec-1")
     state.tracker.aborted("spec-1")
+
+
+def test_queue_waits_from_vllms_own_request_events(vllm_module: Any) -> None:
+    """An unsampled request's queue time from vLLM's EngineCoreEvents as they ride on its outputs:
+    QUEUED and PREEMPTED each open a wait that the next SCHEDULED closes (the engine record's
+    pairing), events split across outputs included; the first output's PrefillStats give its prompt
+    cache; a request never scheduled has no queue time rather than zero. The constants the adapter
+    compares event types with are vLLM's own enum values."""
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput
+    from vllm.v1.metrics.stats import PrefillStats
+
+    from llmtrace.integrations.vllm._api import _StatsEvents
+
+    assert (C.EVENT_QUEUED, C.EVENT_SCHEDULED, C.EVENT_PREEMPTED) == (
+        EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED, EngineCoreEventType.PREEMPTED)
+    stats = PrefillStats()
+    stats.set(num_prompt_tokens=64, num_local_cached_tokens=32, num_external_cached_tokens=0)
+    first = EngineCoreOutput(request_id="r", new_token_ids=[5], prefill_stats=stats,
+                             events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 10.0),
+                                     EngineCoreEvent(EngineCoreEventType.SCHEDULED, 10.25)])
+    preempted = EngineCoreOutput(request_id="r", new_token_ids=[5],
+                                 events=[EngineCoreEvent(EngineCoreEventType.PREEMPTED, 11.0)])
+    resumed = EngineCoreOutput(request_id="r", new_token_ids=[5],
+                               events=[EngineCoreEvent(EngineCoreEventType.SCHEDULED, 11.5)])
+    events = _StatsEvents()
+    for output in (first, preempted, resumed):
+        events.fold(output)
+    summary = events.summary()
+    assert 0.75 == pytest.approx(summary.pop("queue_s"))
+    assert {"preemptions": 1, "cached_tokens": 32, "transferred_tokens": 0} == summary
+    waiting = _StatsEvents()
+    waiting.fold(EngineCoreOutput(request_id="w", new_token_ids=[],
+                                  events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 3.0)]))
+    assert {"preemptions": 0} == waiting.summary()

@@ -64,6 +64,28 @@ def load(path: str | Path) -> list[Span]:
     return spans
 
 
+def load_metrics(path: str | Path) -> dict[str, list[dict[str, Any]]]:
+    """Each metric's data points (OTLP/JSON) from the last export that had any, of any process in
+    the file: the instruments are cumulative, so the last export holds every measurement."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        for resource_metrics in json.loads(line).get("resourceMetrics", []):
+            for scope in resource_metrics.get("scopeMetrics", []):
+                for metric in scope.get("metrics", []):
+                    for kind in ("histogram", "sum", "gauge"):
+                        points = metric.get(kind, {}).get("dataPoints")
+                        if points:
+                            found[metric["name"]] = points
+    return found
+
+
+def point_attributes(point: dict[str, Any]) -> dict[str, Any]:
+    """A metric data point's attributes as plain values."""
+    return _attrs(point.get("attributes"))
+
+
 @dataclass
 class Report:
     problems: list[str] = field(default_factory=list)

@@ -72,7 +72,7 @@ class StepRecord:
     __slots__ = ("_gpu_token", "_mark_name", "_mark_ns", "_phase_name", "_phase_start", "_timer", "attributes",
                  "cached_tokens", "counted", "decode_tokens", "end_ns", "energy_done", "energy_j", "engine",
                  "handles", "kv_cache_usage", "phases", "preempted", "prefill_tokens", "running", "sampled",
-                 "start_ns", "step_id", "waiting")
+                 "size", "start_ns", "step_id", "waiting")
 
     def __init__(self, engine: EngineTracer, step_id: int, start_ns: int, sampled: bool = True) -> None:
         self.engine = engine
@@ -87,6 +87,9 @@ class StepRecord:
         self.start_ns = self.end_ns = start_ns
         self.phases: list[tuple[str, int, int]] = []
         self.handles: list[RequestHandle] = []
+        #: Requests in the batch where the engine keeps records of only some of them (see
+        #: :meth:`batch_handles`); None: the batch is its records.
+        self.size: int | None = None
         self.prefill_tokens = self.decode_tokens = self.preempted = self.cached_tokens = 0
         self.waiting: int | None = None
         self.running: int | None = None
@@ -149,10 +152,14 @@ class StepRecord:
 
     def batch(self, request_ids: Iterable[str], *, prefill_tokens: int = 0, decode_tokens: int = 0,
               waiting: int | None = None, running: int | None = None,
-              kv_cache_usage: float | None = None, preempted: int = 0, cached_tokens: int = 0) -> None:
+              kv_cache_usage: float | None = None, preempted: int = 0, cached_tokens: int = 0,
+              size: int | None = None) -> None:
         """The requests in this step's batch, and the batch's numbers (*cached_tokens*: prompt
-        tokens of the requests admitted now that the prefix cache served)."""
+        tokens of the requests admitted now that the prefix cache served; *size*: see
+        :meth:`batch_handles`)."""
         self.batch_requests(request_ids, preempted)
+        if size is not None:
+            self.size = size
         self.counted = True
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
@@ -173,9 +180,13 @@ class StepRecord:
             handles = self.engine.handles_for(request_ids)
         self.batch_handles(handles, preempted)
 
-    def batch_handles(self, handles: list[RequestHandle], preempted: int = 0) -> None:
+    def batch_handles(self, handles: list[RequestHandle], preempted: int = 0, size: int | None = None) -> None:
         """:meth:`batch_requests` for an integration that already holds the batch's open records
-        (those of this engine's tracker), found as it read the batch."""
+        (those of this engine's tracker), found as it read the batch. *size*: the requests in the
+        batch, where some of them have no record here (an engine that leaves unsampled requests
+        to the server that owns them); the batch-size metric and ``llm.batch.size`` count it."""
+        if size is not None:
+            self.size = size
         step_id = self.step_id
         for handle in handles:
             if handle.finish_ns is None:
@@ -370,7 +381,7 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         semconv.LLM_ENGINE_ID: engine_id,
         semconv.LLM_STEP_ID: step.step_id,
-        semconv.LLM_BATCH_SIZE: len(step.handles),
+        semconv.LLM_BATCH_SIZE: len(step.handles) if step.size is None else step.size,
         semconv.LLM_PREEMPTED: step.preempted,
         semconv.LLM_BATCH_REQUEST_IDS: [h.request_id for h in step.handles[:MAX_BATCH_IDS_ATTR]],
     }

@@ -3,7 +3,8 @@
 ``OutputProcessor.add_request`` opens ``llm.request`` (with the render that produced the
 prompt as ``llm.tokenize``) and writes its W3C context into the request's
 ``trace_headers``; ``process_outputs`` counts tokens, reads the engine's summary from
-the outputs' ``trace_headers`` and ends requests; aborts and engine errors end them too.
+the outputs' ``trace_headers`` (or, for an unsampled request EngineCore keeps no record of,
+vLLM's own request events) and ends requests; aborts and engine errors end them too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from llmtrace import semconv
+from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import IN_TOKENIZER, tokenizer_call
 from llmtrace.integrations.vllm import _constants as C
@@ -51,11 +52,52 @@ class _Renders:
 RENDERS = _Renders()
 
 
+class _StatsEvents:
+    """What an unsampled request's metrics need from the engine, taken from vLLM's own request
+    events instead of an EngineCore record (:data:`C.NO_ENGINE_RECORD_KEY`): its queue waits
+    (``QUEUED`` or ``PREEMPTED`` to the next ``SCHEDULED``, both in EngineCore's clock, as the
+    engine's record pairs them) and its prompt cache (the first output's ``PrefillStats``)."""
+
+    __slots__ = ("cache", "preemptions", "queue_s", "queued_at")
+
+    def __init__(self) -> None:
+        self.queued_at: float | None = None
+        self.queue_s: float | None = None  # None until the request was first scheduled
+        self.preemptions = 0
+        self.cache: tuple[int, int] | None = None
+
+    def fold(self, output: Any) -> None:
+        """An output that carries events (the first one, and the first after a preemption)."""
+        for event in output.events:
+            kind, at = event.type, event.timestamp
+            if kind == C.EVENT_SCHEDULED:
+                if self.queued_at is not None:
+                    self.queue_s = (self.queue_s or 0.0) + max(0.0, at - self.queued_at)
+                    self.queued_at = None
+            elif kind in (C.EVENT_QUEUED, C.EVENT_PREEMPTED):
+                self.queued_at = at
+                if kind == C.EVENT_PREEMPTED:
+                    self.preemptions += 1
+        if self.cache is None:
+            self.cache = X.prefill_cache(getattr(output, "prefill_stats", None))
+
+    def summary(self) -> dict[str, Any]:
+        """In the engine summary's terms (``extractors.decode_summary``)."""
+        summary: dict[str, Any] = {"preemptions": self.preemptions}
+        if self.queue_s is not None:
+            summary["queue_s"] = self.queue_s
+        if self.cache is not None:
+            summary["cached_tokens"], summary["transferred_tokens"] = self.cache
+        return summary
+
+
 class _ApiState:
     """Open request records of this process's OutputProcessors, keyed by vLLM's internal id."""
 
     def __init__(self) -> None:
         self.open: dict[str, RequestHandle] = {}
+        #: The open requests EngineCore keeps no record of, and their events so far.
+        self.stats_events: dict[str, _StatsEvents] = {}
         self.model: str | None = None
         #: Set once an engine summary arrived: the engine side is traced, so the API side
         #: must not approximate queue/prefill/decode itself (the engine's spans are in the trace).
@@ -63,6 +105,7 @@ class _ApiState:
 
     def reset(self) -> None:
         self.open.clear()
+        self.stats_events.clear()
         self.engine_reports = False
         RENDERS.clear()
 
@@ -120,8 +163,18 @@ def _request_attributes(params: X.RequestParams) -> dict[str, Any]:
     return attrs
 
 
+def _leave_to_stats(processor: Any, handle: RequestHandle) -> bool:
+    """Whether EngineCore need keep no record of this request: it is unsampled (no span will show its
+    engine phases) and what its metrics need from the engine reaches this process anyway, in vLLM's
+    own request events (``log_stats``: on in ``vllm serve``), or no metrics are recorded. An engine
+    record costs EngineCore a third of llmtrace's work per step (docs/performance.md)."""
+    if handle.recording:
+        return False
+    return getattr(processor, "log_stats", False) is True or _runtime.serving_metrics() is None
+
+
 @guarded("vllm.api.add_request")
-def _open_api_request(request: Any) -> RequestHandle | None:
+def _open_api_request(processor: Any, request: Any) -> RequestHandle | None:
     params = X.request_params(request)
     if not params.request_id or params.request_id in API.open:
         return None  # a streaming-input continuation of a request already open
@@ -137,11 +190,13 @@ def _open_api_request(request: Any) -> RequestHandle | None:
                            arrival_ns=_arrival_ns(request, now, render))
     if render is not None:
         handle.tokenized(params.prompt_tokens or 0, render[0], render[1])
-    request.trace_headers = X.merge_carrier(getattr(request, "trace_headers", None), handle.carrier())
+    headers = request.trace_headers = X.merge_carrier(getattr(request, "trace_headers", None), handle.carrier())
     if len(API.open) >= C.MAX_OPEN_REQUESTS:
-        oldest = next(iter(API.open))
-        API.open.pop(oldest).aborted(reason=semconv.FINISH_ABORT)
+        _end_api(API.open[next(iter(API.open))], reason=semconv.FINISH_ABORT)
     API.open[params.request_id] = handle
+    if _leave_to_stats(processor, handle):
+        headers[C.NO_ENGINE_RECORD_KEY] = "1"
+        API.stats_events[params.request_id] = _StatsEvents()
     return handle
 
 
@@ -149,7 +204,7 @@ def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) ->
     get_request = binder(positions, "request")
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        handle = _open_api_request(get_request(args, kwargs))
+        handle = _open_api_request(self, get_request(args, kwargs))
         try:
             return original(self, *args, **kwargs)
         except BaseException as exc:
@@ -162,8 +217,15 @@ def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) ->
 
 @guarded("vllm.api.close")
 def _close_api(handle: RequestHandle, error: BaseException) -> None:
+    _end_api(handle, error if isinstance(error, Exception) else None)
+
+
+def _end_api(handle: RequestHandle, error: Exception | None = None, reason: str | None = None) -> None:
+    """End an open request early (an abort or an error), with what vLLM's events said of it."""
     API.open.pop(handle.request_id, None)
-    handle.aborted(error if isinstance(error, Exception) else None)
+    if (events := API.stats_events.pop(handle.request_id, None)) is not None:
+        handle.engine_summary(events.summary())
+    handle.aborted(error, reason=reason)
 
 
 # The helper below runs for every output of every engine step. It reads vLLM's ``EngineCoreOutput``
@@ -178,7 +240,7 @@ def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> No
     states = getattr(processor, "request_states", None)
     if not isinstance(states, dict):
         states = None
-    open_requests = API.open
+    open_requests, stats_events = API.open, API.stats_events
     for output in outputs:
         request_id = output.request_id
         handle = open_requests.get(request_id)
@@ -190,6 +252,8 @@ def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> No
             else:
                 handle.token(len(token_ids), start_ns)
         handle.detokenize_ns += share  # RequestHandle.detokenized() inlined
+        if output.events is not None and (events := stats_events.get(request_id)) is not None:
+            events.fold(output)
         headers = output.trace_headers
         if headers and C.SUMMARY_KEY in headers:  # at the first token (queue, prefill) and at the end (all)
             summary = X.decode_summary(headers)
@@ -199,14 +263,21 @@ def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> No
         if (request_id in states) if states is not None else (output.finish_reason is None):
             continue  # still open
         del open_requests[request_id]
-        if handle.summary_in is None and API.engine_reports:
-            handle.engine_summary({})  # the engine traces this request's phases; never approximate them here
-        # No finish reason from the engine but the request is done: vLLM's detokenizer matched a stop string.
-        reason = X.finish_reason(output.finish_reason) or semconv.FINISH_STOP
-        if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
-            handle.aborted(reason=reason)
-        else:
-            handle.finished(reason)
+        _api_finished(handle, output)
+
+
+def _api_finished(handle: RequestHandle, output: Any) -> None:
+    """A request vLLM finished processing (once per request, after its last output)."""
+    if (events := API.stats_events.pop(handle.request_id, None)) is not None:
+        handle.engine_summary(events.summary())
+    elif handle.summary_in is None and API.engine_reports:
+        handle.engine_summary({})  # the engine traces this request's phases; never approximate them here
+    # No finish reason from the engine but the request is done: vLLM's detokenizer matched a stop string.
+    reason = X.finish_reason(output.finish_reason) or semconv.FINISH_STOP
+    if reason in (semconv.FINISH_ABORT, semconv.FINISH_ERROR):
+        handle.aborted(reason=reason)
+    else:
+        handle.finished(reason)
 
 
 def process_outputs_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
@@ -230,9 +301,9 @@ def process_outputs_hook(original: Callable[..., Any], positions: dict[str, int]
 @guarded("vllm.api.abort")
 def _api_aborted(request_ids: Any) -> None:
     for request_id in request_ids or ():
-        handle = API.open.pop(str(request_id), None)
+        handle = API.open.get(str(request_id))
         if handle is not None:
-            handle.aborted(reason=semconv.FINISH_ABORT)
+            _end_api(handle, reason=semconv.FINISH_ABORT)
 
 
 def abort_requests_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
@@ -246,10 +317,8 @@ def abort_requests_hook(original: Callable[..., Any], positions: dict[str, int])
 
 @guarded("vllm.api.error")
 def _api_errored(error: Any) -> None:
-    handles = list(API.open.values())
-    API.open.clear()
-    for handle in handles:
-        handle.aborted(error if isinstance(error, Exception) else None)
+    for handle in list(API.open.values()):
+        _end_api(handle, error if isinstance(error, Exception) else None)
 
 
 def propagate_error_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:

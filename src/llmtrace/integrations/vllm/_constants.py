@@ -21,9 +21,18 @@ SUPPORTED_MAX_EXCLUSIVE: Final = (0, 34)
 #: ``LLMTRACE_VLLM=1`` turns the ``vllm.general_plugins`` entry point on (it is a no-op otherwise).
 PLUGIN_ENV: Final = "LLMTRACE_VLLM"
 
-#: Key added to ``EngineCoreOutput.trace_headers`` of a request's final output: the engine's
-#: phase durations (JSON), read back by the API server. W3C propagators ignore unknown keys.
+#: Key added to ``EngineCoreOutput.trace_headers`` of a request's first and final outputs: the
+#: engine's phase durations (``extractors.encode_summary``), read back by the API server. W3C
+#: propagators ignore unknown keys.
 SUMMARY_KEY: Final = "llmtrace-engine-summary"
+#: Key the API server adds to an unsampled request's ``trace_headers`` when vLLM's own request
+#: events reach it (``log_stats``, on in ``vllm serve``): it takes that request's queue time and
+#: prompt cache from them, and EngineCore keeps no record of the request.
+NO_ENGINE_RECORD_KEY: Final = "llmtrace-no-engine-record"
+#: vLLM's ``EngineCoreEventType`` values (an ``IntEnum``; tests/vllm/test_extractors.py checks them).
+EVENT_QUEUED: Final = 1
+EVENT_SCHEDULED: Final = 2
+EVENT_PREEMPTED: Final = 3
 #: The W3C keys llmtrace writes into ``EngineCoreRequest.trace_headers``.
 CARRIER_KEYS: Final = ("traceparent", "tracestate")
 

@@ -1,7 +1,8 @@
 """EngineCore side of the vLLM adapter: the step timeline and the engine half of each request.
 
 ``Scheduler.add_request`` opens the engine record (a child of the API server's
-``llm.request`` through ``trace_headers``); ``Scheduler.schedule`` begins an ``llm.step``
+``llm.request`` through ``trace_headers``; none for an unsampled request whose metrics the API
+server takes from vLLM's own request events, ``C.NO_ENGINE_RECORD_KEY``); ``Scheduler.schedule`` begins an ``llm.step``
 keyed by its ``SchedulerOutput``; the executor's ``execute_model`` marks the forward
 dispatch; ``Scheduler.update_from_output`` closes the step, counts tokens and sends the
 engine's durations back on the outputs' ``trace_headers``.
@@ -19,7 +20,7 @@ from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns
-from llmtrace.lifecycle.engine import EngineTracer, StepRecord
+from llmtrace.lifecycle.engine import MAX_BATCH_IDS_ATTR, EngineTracer, StepRecord
 from llmtrace.lifecycle.request import RequestHandle
 from llmtrace.lifecycle.tracker import RequestTracker
 
@@ -86,11 +87,14 @@ def engine_states() -> list[Any]:
 
 @guarded("vllm.engine.add_request")
 def _engine_add(scheduler: Any, request: Any) -> None:
+    headers = getattr(request, "trace_headers", None)
+    if headers and C.NO_ENGINE_RECORD_KEY in headers:
+        return  # unsampled, and the API server has its metrics from vLLM's own events: nothing to keep
     state = _state(scheduler)
     params = X.request_params(request)
     if not params.request_id or params.request_id in state.handles:
         return
-    carrier = X.carrier_from(getattr(request, "trace_headers", None))
+    carrier = X.carrier_from(headers)
     state.handles[params.request_id] = state.tracker.add(
         params.request_id, carrier=carrier, arrival_ns=monotonic_ns(), model=state.model,
         prompt_tokens=params.prompt_tokens, max_tokens=params.max_tokens, temperature=params.temperature,
@@ -134,13 +138,17 @@ def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, out
             handle.preempted(end_ns)
     if step.sampled:
         waiting, running = X.queue_counts(scheduler.get_request_counts())
-        step.batch([rid for rid in scheduled if rid in handles], prefill_tokens=info.prefill_tokens,
+        known = [rid for rid in scheduled if rid in handles]
+        step.batch(known, prefill_tokens=info.prefill_tokens,
                    decode_tokens=info.decode_tokens, waiting=waiting, running=running,
                    kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()), preempted=len(preempted),
-                   cached_tokens=info.cached_tokens)
+                   cached_tokens=info.cached_tokens, size=len(scheduled))
+        if len(known) != len(scheduled):  # requests EngineCore keeps no record of are in the batch too
+            step.set(semconv.LLM_BATCH_REQUEST_IDS, list(scheduled[:MAX_BATCH_IDS_ATTR]))
     else:
         # The records found here directly: the same ones the tracker holds, without a second lookup by id.
-        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted))
+        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted),
+                           len(scheduled))
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
@@ -214,9 +222,10 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         _engine_finished_output(state, output)
     if step is not None:
         state.tracer.end_step(step)
-    if not handles and not scheduler.has_requests():
+    if not handles and not getattr(scheduler, "requests", None) and not scheduler.has_requests():
         # The engine goes idle: close the window now, or its steps would wait for the next request.
-        # (Asked of the scheduler only when none of the requests it was given is still open here.)
+        # (Asked of the scheduler, a chain of four calls, only once neither a request open here nor
+        # one in its own table of requests is left.)
         state.tracer.flush_window()
 
 
