@@ -5,10 +5,12 @@ CPU platform) fed real ``Request`` objects; each step is ``schedule()``, then
 ``update_from_output()`` with a ``ModelRunnerOutput`` of one token per scheduled request — what
 ``EngineCore.step`` does around the model runner. No model runs: what is measured is the
 scheduler's Python and llmtrace's hooks on it, on the thread that runs them. Requests of 20
-prompt tokens and 16 output tokens, 8 running; each finished request is replaced by a new one,
-so opening and finishing requests is in the per-step number at a 16-token stream's rate. Each
-request carries a W3C context in its ``trace_headers``, as the API server's adapter sends it
-(sampled there: every tenth request at production settings, every one fully traced).
+prompt tokens and 16 output tokens, 8 running (``--running``); each finished request is replaced
+by a new one, so opening and finishing requests is in the per-step number at a 16-token stream's
+rate. vLLM's request stats are on, as ``vllm serve`` has them. Each request carries a W3C context
+in its ``trace_headers``, as the API server's adapter sends it (sampled there: every tenth request
+at production settings, every one fully traced), and an unsampled one the adapter's mark that
+EngineCore need keep no record of it (the API server takes its metrics from vLLM's own events).
 
 Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
@@ -17,6 +19,7 @@ main thread's count is the engine loop's; all threads' adds the builder's.
 
     python benchmarks/bench_vllm_step.py                      # callgrind, instructions per step (~5 min)
     python benchmarks/bench_vllm_step.py --steps 2000 --base 400 --jobs 2
+    python benchmarks/bench_vllm_step.py --running 2      # small batches: the per-step part
 
 Set-up (importing torch and vLLM) runs before callgrind starts counting (``_callgrind.ready``);
 each arm's count at ``--steps`` minus its count at ``--base`` is divided by the difference.
@@ -37,10 +40,10 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ARMS = ("untraced", "production", "full")
 ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
            "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"}}
-RUNNING, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 20, 16
+PROMPT_TOKENS, OUTPUT_TOKENS = 20, 16
 
 
-def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
+def child(arm: str, steps: int, model: str, no_gc: bool = False, running: int = 8) -> None:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     os.environ.update(ARM_ENV.get(arm, {}))
     if arm != "untraced":
@@ -59,26 +62,28 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
     hooked = getattr(vars(Scheduler)["schedule"], "_self_llmtrace", False)
     if hooked != (arm != "untraced"):
         raise SystemExit(f"{arm}: Scheduler.schedule {'is' if hooked else 'is not'} hooked")
-    config = EngineArgs(model=model, load_format="dummy", max_model_len=128, max_num_seqs=RUNNING,
+    config = EngineArgs(model=model, load_format="dummy", max_model_len=128, max_num_seqs=running,
                         max_num_batched_tokens=256, enforce_eager=True).create_engine_config()
     config.cache_config.num_gpu_blocks = 256
     spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=16, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=256, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["l0", "l1"], spec)])
     scheduler = Scheduler(vllm_config=config, kv_cache_config=kv,
-                          structured_output_manager=StructuredOutputManager(config), block_size=16)
+                          structured_output_manager=StructuredOutputManager(config), block_size=16, log_stats=True)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     added = 0
     sampled_every = {"production": 10, "full": 1}.get(arm, 0)
+    no_record = _no_record_mark() if sampled_every else {}
 
     def carrier(n: int) -> dict[str, str]:
         """What the API server's adapter puts on each request: its ``llm.request``'s context, sampled
-        there (one in ten at production settings)."""
-        flags = "01" if sampled_every and n % sampled_every == 0 else "00"
-        return {"traceparent": f"00-{n + 1:032x}-{n + 1:016x}-{flags}"}
+        there (one in ten at production settings), and on an unsampled one its no-record mark."""
+        sampled = bool(sampled_every) and n % sampled_every == 0
+        return {"traceparent": f"00-{n + 1:032x}-{n + 1:016x}-{'01' if sampled else '00'}",
+                **({} if sampled else no_record)}
 
     def top_up() -> None:
         nonlocal added
-        while scheduler.get_num_unfinished_requests() < RUNNING:
+        while scheduler.get_num_unfinished_requests() < running:
             # A distinct prompt per request: no prefix-cache hits, every request prefills.
             prompt = [3 + (added + i) % 250 for i in range(PROMPT_TOKENS)]
             scheduler.add_request(Request(f"r{added}", prompt, params, None, trace_headers=carrier(added)))
@@ -95,6 +100,8 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
     top_up()
     for _ in range(200):  # warm: every code path has run, the first windows are closed
         step()
+    if arm != "untraced":
+        _check_traced(arm)
     from _callgrind import ready
 
     if no_gc:
@@ -105,17 +112,33 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False) -> None:
     os._exit(0)  # skip the interpreter's teardown: its instructions would not cancel out
 
 
+def _check_traced(arm: str) -> None:
+    """The hooks ran the warm-up without an internal error (else the count would measure a failure)."""
+    from llmtrace._safety import error_counts
+
+    if error_counts():
+        raise SystemExit(f"{arm}: the adapter failed in the warm-up: {error_counts()}")
+
+
+def _no_record_mark() -> dict[str, str]:
+    """The mark the API server's adapter adds to an unsampled request (vLLM's stats on)."""
+    from llmtrace.integrations.vllm import _constants as C  # the adapter's wire key only: no hooks, no state
+
+    return {C.NO_ENGINE_RECORD_KEY: "1"}
+
+
 def main() -> int:
     from _callgrind import chosen_arms, per_request, print_ratios, step_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     step_arguments(parser, ARMS)
+    parser.add_argument("--running", type=int, default=8, help="requests in the batch (default 8)")
     parser.add_argument("--no-gc", action="store_true",
                         help="garbage collection off in the counted steps: exact, but leaves out what "
                              "llmtrace's allocations add to collections")
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.steps, args.model, args.no_gc)
+        child(args.child, args.steps, args.model, args.no_gc, args.running)
         return 0
     arms = chosen_arms(parser, args.arms, ARMS)
 
@@ -125,9 +148,10 @@ def main() -> int:
         model = str(build(Path(tmp, "model")))
         counted = per_request(lambda arm, count: [sys.executable, os.path.abspath(__file__), "--child", arm,
                                                   "--steps", str(count), "--model", model,
+                                                  "--running", str(args.running),
                                                   *(["--no-gc"] if args.no_gc else [])],
                               arms, args.steps, args.base, jobs=args.jobs, unit="step", from_ready=True)
-    print_ratios(counted, f"engine step, {RUNNING} running requests of {OUTPUT_TOKENS} output tokens (callgrind, "
+    print_ratios(counted, f"engine step, {args.running} running requests of {OUTPUT_TOKENS} output tokens (callgrind, "
                           f"{args.steps} - {args.base} steps)", "engine thread")
     return 0
 
