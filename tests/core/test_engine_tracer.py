@@ -77,6 +77,31 @@ def test_unsampled_windows_emit_no_spans_but_feed_metrics(runtime_with: InstallR
     assert 4 == batch.count
 
 
+@pytest.mark.parametrize("sampled", [True, False])
+def test_a_batch_larger_than_its_records_is_counted_whole(runtime_with: InstallRuntime, sampled: bool) -> None:
+    """An integration that keeps records of only some requests (vLLM leaves unsampled ones to the
+    API server) gives the batch's size: ``llm.batch.size`` and the batch-size histogram count it,
+    in a sampled and in an unsampled window, while the step links only to the records it has."""
+    captured = runtime_with(engine_sample_ratio=1.0 if sampled else 0.0, engine_window_steps=2)
+    engine = EngineTracer("dp5")
+    handle = engine.tracker.add("kept")
+    for _ in range(2):
+        step = engine.begin_step()
+        if sampled:
+            step.batch(["kept"], decode_tokens=5, size=5)
+        else:
+            step.batch_handles([handle], size=5)
+        engine.end_step(step)
+    engine.flush_window()
+    batch = captured.metrics()[semconv.METRIC_BATCH_SIZE].data.data_points[0]
+    assert (2, 10) == (batch.count, batch.sum)
+    steps = captured.named(semconv.SPAN_STEP)
+    assert len(steps) == (2 if sampled else 0)
+    for span in steps:
+        assert 5 == span.attributes[semconv.LLM_BATCH_SIZE]
+        assert 1 == len(span.links)
+
+
 def test_sampled_window_keeps_every_step(runtime_with: InstallRuntime) -> None:
     """With request sampling at 0, engine windows (sampled by their own ratio) are still whole."""
     captured = runtime_with(sample_ratio=0.0, engine_sample_ratio=1.0,

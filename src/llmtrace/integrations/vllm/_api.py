@@ -166,8 +166,9 @@ def _request_attributes(params: X.RequestParams) -> dict[str, Any]:
 def _leave_to_stats(processor: Any, handle: RequestHandle) -> bool:
     """Whether EngineCore need keep no record of this request: it is unsampled (no span will show its
     engine phases) and what its metrics need from the engine reaches this process anyway, in vLLM's
-    own request events (``log_stats``: on in ``vllm serve``), or no metrics are recorded. An engine
-    record costs EngineCore a third of llmtrace's work per step (docs/performance.md)."""
+    own request events (``log_stats``: on in ``vllm serve``), or no metrics are recorded. The engine
+    records of unsampled requests were most of llmtrace's work per EngineCore step at production
+    sampling (docs/performance.md)."""
     if handle.recording:
         return False
     return getattr(processor, "log_stats", False) is True or _runtime.serving_metrics() is None

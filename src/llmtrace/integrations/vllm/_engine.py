@@ -2,10 +2,10 @@
 
 ``Scheduler.add_request`` opens the engine record (a child of the API server's
 ``llm.request`` through ``trace_headers``; none for an unsampled request whose metrics the API
-server takes from vLLM's own request events, ``C.NO_ENGINE_RECORD_KEY``); ``Scheduler.schedule`` begins an ``llm.step``
-keyed by its ``SchedulerOutput``; the executor's ``execute_model`` marks the forward
-dispatch; ``Scheduler.update_from_output`` closes the step, counts tokens and sends the
-engine's durations back on the outputs' ``trace_headers``.
+server takes from vLLM's own request events, ``C.NO_ENGINE_RECORD_KEY``);
+``Scheduler.schedule`` begins an ``llm.step`` keyed by its ``SchedulerOutput``; the executor's
+``execute_model`` marks the forward dispatch; ``Scheduler.update_from_output`` closes the step,
+counts tokens and sends the engine's durations back on the outputs' ``trace_headers``.
 """
 
 from __future__ import annotations
