@@ -141,10 +141,15 @@ def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, out
                    cached_tokens=info.cached_tokens, size=len(scheduled))
         if len(known) != len(scheduled):  # requests EngineCore keeps no record of are in the batch too
             step.set(semconv.LLM_BATCH_REQUEST_IDS, list(scheduled[:MAX_BATCH_IDS_ATTR]))
-    else:
+    elif handles:
         # The records found here directly: the same ones the tracker holds, without a second lookup by id.
         step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted),
                            len(scheduled))
+    else:
+        # No request of this engine has a record (all unsampled, vLLM's stats on: the common step
+        # at production sampling): what StepRecord.batch_handles would store for an empty batch.
+        step.size = len(scheduled)
+        step.preempted += len(preempted)
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
@@ -192,7 +197,8 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
     handles = state.handles
     # Draft tokens per request, when speculative decoding runs (empty otherwise: one test per step).
     drafts = getattr(pending.output, "scheduled_spec_decode_tokens", None) if pending is not None else None
-    for output in X.engine_outputs(result):
+    # No record open here, no output to read (the common step at production sampling: see above).
+    for output in X.engine_outputs(result) if handles else ():
         # Per request per step: keep this loop free of helper calls on the common (decode) path.
         handle = handles.get(output.request_id)
         if handle is None:
