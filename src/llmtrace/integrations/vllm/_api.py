@@ -167,8 +167,8 @@ def _leave_to_stats(processor: Any, handle: RequestHandle) -> bool:
     """Whether EngineCore need keep no record of this request: it is unsampled (no span will show its
     engine phases) and what its metrics need from the engine reaches this process anyway, in vLLM's
     own request events (``log_stats``: on in ``vllm serve``), or no metrics are recorded. The engine
-    records of unsampled requests were most of llmtrace's work per EngineCore step at production
-    sampling (docs/performance.md)."""
+    records of unsampled requests were a third to two thirds of llmtrace's work per EngineCore step
+    at production sampling (docs/performance.md)."""
     if handle.recording:
         return False
     return getattr(processor, "log_stats", False) is True or _runtime.serving_metrics() is None
