@@ -104,6 +104,11 @@ class StepRecord:
         self.energy_j: float | None = None  # filled lazily by lifecycle/energy.py
         self.energy_done = False
 
+    @property
+    def batch_size(self) -> int:
+        """Requests in the batch: :attr:`size` where given, else the records."""
+        return len(self.handles) if self.size is None else self.size
+
     def phase(self, name: str) -> StepRecord:
         """Time a phase (``schedule``, ``forward``, ``sample``, ``postprocess``) with ``with``.
 
@@ -381,7 +386,7 @@ def _step_attributes(engine_id: str, step: StepRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         semconv.LLM_ENGINE_ID: engine_id,
         semconv.LLM_STEP_ID: step.step_id,
-        semconv.LLM_BATCH_SIZE: len(step.handles) if step.size is None else step.size,
+        semconv.LLM_BATCH_SIZE: step.batch_size,
         semconv.LLM_PREEMPTED: step.preempted,
         semconv.LLM_BATCH_REQUEST_IDS: [h.request_id for h in step.handles[:MAX_BATCH_IDS_ATTR]],
     }

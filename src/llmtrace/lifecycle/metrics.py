@@ -141,7 +141,7 @@ class ServingMetrics:
         key = (None, None, None, None, engine_id)
         busy = 0
         for step in steps:
-            self._batch.record((len(step.handles) if step.size is None else step.size, key))
+            self._batch.record((step.batch_size, key))
             busy += sum(end - start for name, start, end in step.phases if name == "forward")
         self._fold_if_full()
         span = steps[-1].end_ns - steps[0].start_ns

@@ -141,15 +141,11 @@ def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, out
                    cached_tokens=info.cached_tokens, size=len(scheduled))
         if len(known) != len(scheduled):  # requests EngineCore keeps no record of are in the batch too
             step.set(semconv.LLM_BATCH_REQUEST_IDS, list(scheduled[:MAX_BATCH_IDS_ATTR]))
-    elif handles:
-        # The records found here directly: the same ones the tracker holds, without a second lookup by id.
-        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted),
-                           len(scheduled))
     else:
-        # No request of this engine has a record (all unsampled, vLLM's stats on: the common step
-        # at production sampling): what StepRecord.batch_handles would store for an empty batch.
-        step.size = len(scheduled)
-        step.preempted += len(preempted)
+        # The records found here directly: the same ones the tracker holds, without a second lookup by
+        # id — and no lookups when none is open (the common step at production sampling, vLLM's stats on).
+        found = [handle for rid in scheduled if (handle := get(rid)) is not None] if handles else []
+        step.batch_handles(found, len(preempted), len(scheduled))
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
     _PENDING[id(output)] = _Pending(output, step, state, end_ns)
