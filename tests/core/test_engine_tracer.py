@@ -468,3 +468,79 @@ def test_a_step_whose_window_turned_over_omits_the_numbers_it_skipped(runtime_wi
     assert semconv.LLM_BATCH_PREFILL_TOKENS not in spans[1].attributes
     assert 1 == spans[2].attributes[semconv.LLM_BATCH_DECODE_TOKENS]
     assert 0 == spans[2].attributes[semconv.LLM_BATCH_PREFILL_TOKENS]
+
+
+def test_counted_steps_feed_the_metrics_a_step_record_would(runtime_with: InstallRuntime,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of an unsampled window reported with count_step (no StepRecord) and ones with a record:
+    the batch-size histogram counts both alike, the idle ratio is forward time over the window's
+    span, the window closes at engine_window_steps counting both kinds, and step ids are one sequence.
+    The engine's clock is stepped by hand, so that the idle ratio is exact."""
+    base = time.monotonic_ns()
+    monkeypatch.setattr("llmtrace.lifecycle.engine.monotonic_ns", lambda: base + 200)  # the record's end
+    captured = runtime_with(engine_sample_ratio=0.0, engine_window_steps=4, engine_window_s=3600)
+    engine = EngineTracer("dp22")
+    assert not engine.needs_step_record(base)
+    assert 0 == engine.next_step_id()
+    engine.count_step(base, base + 100, batch_size=3, forward_ns=60)
+    record = engine.begin_step(base + 100)
+    assert 1 == record.step_id and not record.sampled
+    record.batch_handles([], size=5)
+    record.add_phase("forward", base + 120, base + 160)
+    engine.end_step(record)
+    assert 2 == engine.next_step_id()
+    engine.count_step(base + 200, base + 300, batch_size=1)  # a forward not timed: no busy time
+    assert engine._window is not None and 3 == len(engine._window)
+    engine.count_step(base + 300, base + 400, batch_size=2, forward_ns=100)  # the fourth step: closes
+    assert engine._window is None
+    batch = captured.metrics()[semconv.METRIC_BATCH_SIZE].data.data_points[0]
+    assert (4, 11) == (batch.count, batch.sum)
+    (idle,) = captured.metrics()[semconv.METRIC_GPU_IDLE_RATIO].data.data_points
+    assert 1.0 - (60 + 40 + 100) / 400 == pytest.approx(idle.value)
+    assert [] == captured.named(semconv.SPAN_STEP)
+
+
+def test_note_batch_keeps_the_timelines_batch_handles_does(runtime_with: InstallRuntime) -> None:
+    """What a counted step keeps of its batch (note_batch) is what a record's batch_handles keeps:
+    each open request's first scheduling and step ids; a finished request is left alone."""
+    from llmtrace.lifecycle.engine import note_batch
+
+    runtime_with(engine_sample_ratio=0.0, sample_ratio=0.0)
+    engine = EngineTracer("dp23")
+    counted, recorded, done = engine.tracker.add("counted"), engine.tracker.add("recorded"), engine.tracker.add("done")
+    engine.tracker.finished("done")
+    for _ in range(3):
+        step = engine.begin_step()
+        note_batch([counted, done], step.step_id, step.start_ns)
+        step.batch_handles([recorded])
+        engine.end_step(step)
+    assert counted.steps == recorded.steps == [0, 1, 2] and done.steps == []
+    assert counted.scheduled_ns == recorded.scheduled_ns and not counted.awaiting_schedule
+
+
+def test_a_step_needs_a_record_in_a_sampled_window_or_for_per_request_energy(
+        runtime_with: InstallRuntime) -> None:
+    """needs_step_record: a sampled window's steps become spans; an unsampled window's need a record
+    only where GPU energy is split among requests and some request has a record open."""
+    runtime_with(engine_sample_ratio=1.0)
+    assert EngineTracer("dp24").needs_step_record(0, records_open=False)
+    runtime_with(engine_sample_ratio=0.0)
+    engine = EngineTracer("dp25")
+    assert not engine.needs_step_record(0) and not engine.needs_step_record(0, records_open=False)
+    engine.energy_accounting = True
+    assert engine.needs_step_record(0) and not engine.needs_step_record(0, records_open=False)
+
+
+def test_step_energy_counts_the_requests_without_a_record(captured: Captured, monkeypatch: object) -> None:
+    """A step whose batch is larger than its records (StepRecord.size): the requests without one
+    take one token's share each, so a recorded request in a batch of four decodes gets a quarter."""
+    from llmtrace import _gpu_hook
+
+    monkeypatch.setattr(_gpu_hook, "_sampler", _RecordedEnergy)  # type: ignore[attr-defined]
+    engine = EngineTracer("dp26")
+    handle = engine.tracker.add("kept", prompt_tokens=1)
+    step = engine.begin_step()
+    step.batch_handles([handle], size=4)
+    engine.end_step(step)
+    energy = 100.0 * (step.end_ns - step.start_ns) / 1e9
+    assert energy / 4 == pytest.approx(engine.tracker.finished("kept")["energy_j"])

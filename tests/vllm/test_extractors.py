@@ -220,7 +220,7 @@ def test_speculative_decoding_counts_follow_vllms_accounting(scheduler: Any) -> 
     handle = state.handles["spec-1"]
     for drafts, returned in (([7, 8, 9], [1, 2, 3]), ([7, 8, 9], [4]), ([], [5])):
         pending = _engine._Pending(SimpleNamespace(scheduled_spec_decode_tokens={"spec-1": drafts} if drafts else {}),
-                                   None, state, 0)  # type: ignore[arg-type]
+                                   None, state, 0, 0)
         outputs = EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="spec-1", new_token_ids=returned)])
         _engine._engine_updated(scheduler, pending, {0: outputs}, 1, 2)
     assert [6, 2] == handle.spec_decode

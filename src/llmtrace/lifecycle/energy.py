@@ -38,7 +38,9 @@ def request_energy_j(rec: RequestHandle) -> float | None:
         energy = _step_energy(step)
         if energy is None:
             continue
-        batch_tokens = sum(_tokens_in(h, step) for h in step.handles) or 1
+        # Requests in the batch without a record here (``StepRecord.size``): one token each, as a decode.
+        unrecorded = max(0, step.batch_size - len(step.handles))
+        batch_tokens = sum(_tokens_in(h, step) for h in step.handles) + unrecorded or 1
         total += energy * _tokens_in(rec, step) / batch_tokens
         known = True
     return total if known else None

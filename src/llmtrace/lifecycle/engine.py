@@ -38,7 +38,7 @@ import threading
 import weakref
 from collections.abc import Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from opentelemetry.trace import Link
@@ -192,12 +192,7 @@ class StepRecord:
         to the server that owns them); the batch-size metric and ``llm.batch.size`` count it."""
         if size is not None:
             self.size = size
-        step_id = self.step_id
-        for handle in handles:
-            if handle.finish_ns is None:
-                if handle.awaiting_schedule:
-                    handle.scheduled(at_ns=self.start_ns)
-                handle.steps.append(step_id)
+        note_batch(handles, self.step_id, self.start_ns)
         if self.engine.energy_accounting:
             for handle in handles:
                 if handle.finish_ns is None:
@@ -220,17 +215,64 @@ class StepRecord:
         self.attributes[key] = value
 
 
+def note_batch(handles: list[RequestHandle], step_id: int, start_ns: int) -> None:
+    """The requests' own timelines: these open records are in step *step_id*, which began at
+    *start_ns* (their first scheduling, where they were waiting). What a step of an unsampled window
+    reported with :meth:`EngineTracer.count_step` keeps of its batch."""
+    for handle in handles:
+        if handle.finish_ns is None:
+            if handle.awaiting_schedule:
+                handle.scheduled(at_ns=start_ns)
+            handle.steps.append(step_id)
+
+
 class _Window:
-    __slots__ = ("gcs", "sampled", "start_ns", "steps", "wall_offset_ns")
+    __slots__ = ("busy_ns", "counted_sizes", "end_ns", "forward_seen", "gcs", "sampled", "start_ns", "steps",
+                 "wall_offset_ns")
 
     def __init__(self, start_ns: int, sampled: bool) -> None:
-        self.start_ns = start_ns
+        self.start_ns = self.end_ns = start_ns
         self.sampled = sampled
         # One offset for the window's spans (see lifecycle/clock.py): taken when it opens,
         # as a request takes one when it starts, so steps and requests of the same moment agree.
         self.wall_offset_ns = offset_ns()
         self.steps: list[StepRecord] = []
         self.gcs: list[tuple[int, int, int, int]] = []
+        #: Steps counted without a record (:meth:`EngineTracer.count_step`): their batch sizes, and
+        #: the forward time and end of them all.
+        self.counted_sizes: list[int] = []
+        self.busy_ns = 0
+        self.forward_seen = False
+
+    def __len__(self) -> int:
+        return len(self.steps) + len(self.counted_sizes)
+
+    def totals(self) -> WindowTotals:
+        """What the window's metrics need, from its step records and its counted steps alike."""
+        sizes = [step.batch_size for step in self.steps]
+        sizes += self.counted_sizes
+        busy, forward_seen = self.busy_ns, self.forward_seen
+        for step in self.steps:
+            for name, start, end in step.phases:
+                if name == "forward":
+                    busy += end - start
+                    forward_seen = True
+        start = min(self.start_ns, self.steps[0].start_ns) if self.steps else self.start_ns
+        end = max(self.end_ns, self.steps[-1].end_ns) if self.steps else self.end_ns
+        return WindowTotals(sizes, busy, end - start, forward_seen)
+
+
+class WindowTotals(NamedTuple):
+    """A closed window's steps in the terms of the serving metrics."""
+
+    #: Requests in each step's batch.
+    batch_sizes: list[int]
+    #: Time in forward phases.
+    busy_ns: int
+    #: First step's start to last step's end.
+    span_ns: int
+    #: Whether any step timed its forward pass (else the idle ratio is unknown).
+    forward_seen: bool
 
 
 _ENGINES: weakref.WeakSet[EngineTracer] = weakref.WeakSet()
@@ -289,17 +331,54 @@ class EngineTracer:
         if settings.gc_spans:
             _install_gc_callback()
 
-    def begin_step(self) -> StepRecord:
-        """A scheduler iteration starts now."""
-        now = monotonic_ns()
+    def begin_step(self, start_ns: int | None = None) -> StepRecord:
+        """A scheduler iteration starts now (or at *start_ns*, monotonic)."""
+        now = monotonic_ns() if start_ns is None else start_ns
         window = self._window
         if window is None:
-            window = self._window = _Window(now, self._rng.random() < self._ratio)
-            if self.forward_timer is None:
-                self.forward_timer = _forward_timer()
+            window = self._open_window(now)
         step = StepRecord(self, self._next_step, now, window.sampled)
         self._next_step += 1
         return step
+
+    def _open_window(self, now: int) -> _Window:
+        window = self._window = _Window(now, self._rng.random() < self._ratio)
+        if self.forward_timer is None:
+            self.forward_timer = _forward_timer()
+        return window
+
+    def needs_step_record(self, now: int, records_open: bool = True) -> bool:
+        """Whether a step beginning *now* needs a :class:`StepRecord` (:meth:`begin_step`): its window
+        becomes spans, or requests keep their steps' records for per-request energy (*records_open*:
+        whether any request of this engine has a record open). Otherwise an engine loop may report it
+        with :meth:`count_step` alone, for a fraction of the cost: the steps of an unsampled window feed
+        only the serving metrics (batch sizes, forward time) and the timelines of the requests in them,
+        which the integration keeps with :func:`note_batch`. Opens the window."""
+        window = self._window
+        if window is None:
+            window = self._open_window(now)
+        return window.sampled or (records_open and self.energy_accounting)
+
+    def next_step_id(self) -> int:
+        """The id of a step reported with :meth:`count_step` (ids are shared with :meth:`begin_step`'s)."""
+        step_id = self._next_step
+        self._next_step = step_id + 1
+        return step_id
+
+    def count_step(self, start_ns: int, end_ns: int, batch_size: int, forward_ns: int | None = None) -> None:
+        """A step without a record (see :meth:`needs_step_record`): its batch size for the batch-size
+        histogram, its forward time (None: not timed) for the engine's idle ratio. Closes the window when
+        it is full or old enough, as :meth:`end_step` does."""
+        window = self._window
+        if window is None:  # closed since the step began: count it in a fresh window
+            window = self._open_window(start_ns)
+        window.counted_sizes.append(batch_size)
+        if forward_ns is not None:
+            window.busy_ns += forward_ns
+            window.forward_seen = True
+        window.end_ns = max(window.end_ns, end_ns)
+        if len(window) >= self._window_steps or end_ns - window.start_ns >= self._window_ns:
+            self.flush_window()
 
     def end_step(self, step: StepRecord) -> None:
         """The iteration is over; closes the window when it is full or old enough."""
@@ -310,7 +389,7 @@ class EngineTracer:
         if window is None:  # end_step without begin_step: keep the step in a fresh window
             window = self._window = _Window(step.start_ns, self._rng.random() < self._ratio)
         window.steps.append(step)
-        if len(window.steps) >= self._window_steps or end - window.start_ns >= self._window_ns:
+        if len(window) >= self._window_steps or end - window.start_ns >= self._window_ns:
             self.flush_window()
 
     def handles_for(self, request_ids: Iterable[str]) -> list[RequestHandle]:
@@ -343,7 +422,7 @@ class EngineTracer:
     def flush_window(self) -> None:
         """Close the current window now (called on shutdown and when a window is full)."""
         window, self._window = self._window, None
-        if window is None or not window.steps:
+        if window is None or not len(window):
             return
         BUILDER.submit(lambda: _build_window(self.engine_id, window, self.forward_timer))
 
@@ -435,8 +514,8 @@ def _build_window(engine_id: str, window: _Window, forward_timer: Any = None) ->
 
     metrics = _runtime.serving_metrics()
     if metrics is not None:
-        metrics.record_window(engine_id, window.steps)
-    if not window.sampled:
+        metrics.record_window(engine_id, window.totals())
+    if not window.sampled or not window.steps:
         return
     spans = emit.current()
     offset = window.wall_offset_ns

@@ -20,7 +20,7 @@ from llmtrace.lifecycle.stats import NS, tpot_s
 
 if TYPE_CHECKING:
     from llmtrace._otel.export import ExportStats
-    from llmtrace.lifecycle.engine import StepRecord
+    from llmtrace.lifecycle.engine import WindowTotals
     from llmtrace.lifecycle.request import RequestHandle
 
 
@@ -137,17 +137,15 @@ class ServingMetrics:
             observations.append(Observation(total, attrs))
         return observations
 
-    def record_window(self, engine_id: str, steps: list[StepRecord]) -> None:
+    def record_window(self, engine_id: str, totals: WindowTotals) -> None:
         key = (None, None, None, None, engine_id)
-        busy = 0
-        for step in steps:
-            self._batch.record((step.batch_size, key))
-            busy += sum(end - start for name, start, end in step.phases if name == "forward")
+        record = self._batch.record
+        for size in totals.batch_sizes:
+            record((size, key))
         self._fold_if_full()
-        span = steps[-1].end_ns - steps[0].start_ns
-        if span > 0 and any(name == "forward" for s in steps for name, _, _ in s.phases):
+        if totals.span_ns > 0 and totals.forward_seen:
             with self._idle_lock:
-                self._idle[engine_id] = max(0.0, 1.0 - busy / span)
+                self._idle[engine_id] = max(0.0, 1.0 - totals.busy_ns / totals.span_ns)
 
     def _fold_if_full(self) -> None:
         for recorder in self._all_recorders:  # (once per request: a tuple kept, not made)

@@ -20,7 +20,7 @@ from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
 from llmtrace.lifecycle.clock import monotonic_ns
-from llmtrace.lifecycle.engine import MAX_BATCH_IDS_ATTR, EngineTracer, StepRecord
+from llmtrace.lifecycle.engine import MAX_BATCH_IDS_ATTR, EngineTracer, StepRecord, note_batch
 from llmtrace.lifecycle.request import RequestHandle
 from llmtrace.lifecycle.tracker import RequestTracker
 
@@ -38,15 +38,20 @@ class _EngineState:
 
 
 class _Pending:
-    """A step between ``schedule()`` and ``update_from_output()`` (several overlap with async scheduling)."""
+    """A step between ``schedule()`` and ``update_from_output()`` (several overlap with async scheduling):
+    its record, or (a step of an unsampled window, counted without one) its id, start and batch size."""
 
-    __slots__ = ("forward_start_ns", "output", "schedule_end_ns", "state", "step")
+    __slots__ = ("forward_start_ns", "output", "schedule_end_ns", "size", "start_ns", "state", "step", "step_id")
 
-    def __init__(self, output: Any, step: StepRecord, state: _EngineState, schedule_end_ns: int) -> None:
+    def __init__(self, output: Any, step: StepRecord | None, state: _EngineState, start_ns: int,
+                 schedule_end_ns: int, size: int = 0, step_id: int = 0) -> None:
         self.output = output  # held so that id(output) stays unique while pending
         self.step = step
         self.state = state
+        self.start_ns = start_ns
         self.schedule_end_ns = schedule_end_ns
+        self.size = size
+        self.step_id = step_id
         self.forward_start_ns: int | None = None
 
 
@@ -116,52 +121,75 @@ def add_request_hook(original: Callable[..., Any], positions: dict[str, int]) ->
 # ``@guarded`` functions: a decorated call costs about twice a plain one, and they run three
 # times a step. Whatever fails is counted at the same sites and vLLM's step goes on.
 def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, output: Any, end_ns: int) -> None:
+    """A step with a record: a sampled window's gets the batch's numbers for its ``llm.step`` span."""
     step.phases.append(("schedule", step.start_ns, end_ns))  # StepRecord.add_phase inlined
     handles = state.handles
-    if step.sampled:
-        info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
-        scheduled, preempted = info.request_ids, info.preempted_ids
-    else:
-        # An unsampled window's step feeds only its requests' timelines and the batch-size metric:
-        # the prefill/decode split, queue counts and KV usage (a pass over the batch and two calls
-        # into the scheduler, about half of this function's cost) would go unread.
+    if not step.sampled:  # kept for per-request energy only: its requests' step records are all it needs
         scheduled = getattr(output, "num_scheduled_tokens", None) or ()
         preempted = getattr(output, "preempted_req_ids", None) or ()
+        _note_preempted(handles, preempted, end_ns)
+        get = handles.get
+        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None],
+                           len(preempted), len(scheduled))
+        _add_pending(_Pending(output, step, state, step.start_ns, end_ns))
+        return
+    info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
+    scheduled, preempted = info.request_ids, info.preempted_ids
+    _note_preempted(handles, preempted, end_ns)
+    waiting, running = X.queue_counts(scheduler.get_request_counts())
+    known = [rid for rid in scheduled if rid in handles]
+    step.batch(known, prefill_tokens=info.prefill_tokens,
+               decode_tokens=info.decode_tokens, waiting=waiting, running=running,
+               kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()), preempted=len(preempted),
+               cached_tokens=info.cached_tokens, size=len(scheduled))
+    if len(known) != len(scheduled):  # requests EngineCore keeps no record of are in the batch too
+        step.set(semconv.LLM_BATCH_REQUEST_IDS, list(scheduled[:MAX_BATCH_IDS_ATTR]))
+    _add_pending(_Pending(output, step, state, step.start_ns, end_ns))
+
+
+def _engine_counted(state: _EngineState, output: Any, start_ns: int, end_ns: int) -> None:
+    """A step of an unsampled window: no record (``EngineTracer.count_step``). It feeds only the
+    batch-size histogram, the idle ratio and its requests' timelines; the prefill/decode split, queue
+    counts and KV usage (a pass over the batch and two calls into the scheduler) would go unread."""
+    scheduled = getattr(output, "num_scheduled_tokens", None) or ()
+    step_id = state.tracer.next_step_id()
+    if handles := state.handles:  # none open: the common step at production sampling, vLLM's stats on
+        _note_preempted(handles, getattr(output, "preempted_req_ids", None) or (), end_ns)
+        get = handles.get
+        note_batch([handle for rid in scheduled if (handle := get(rid)) is not None], step_id, start_ns)
+    _add_pending(_Pending(output, None, state, start_ns, end_ns, len(scheduled), step_id))
+
+
+def _note_preempted(handles: dict[str, RequestHandle], preempted: Any, at_ns: int) -> None:
     get = handles.get
     for request_id in preempted:
         handle = get(request_id)
         if handle is not None:
-            handle.preempted(end_ns)
-    if step.sampled:
-        waiting, running = X.queue_counts(scheduler.get_request_counts())
-        known = [rid for rid in scheduled if rid in handles]
-        step.batch(known, prefill_tokens=info.prefill_tokens,
-                   decode_tokens=info.decode_tokens, waiting=waiting, running=running,
-                   kv_cache_usage=X.kv_cache_usage(scheduler.get_kv_cache_usage()), preempted=len(preempted),
-                   cached_tokens=info.cached_tokens, size=len(scheduled))
-        if len(known) != len(scheduled):  # requests EngineCore keeps no record of are in the batch too
-            step.set(semconv.LLM_BATCH_REQUEST_IDS, list(scheduled[:MAX_BATCH_IDS_ATTR]))
-    else:
-        # The records found here directly: the same ones the tracker holds, without a second lookup by
-        # id — and no lookups when none is open (the common step at production sampling, vLLM's stats on).
-        found = [handle for rid in scheduled if (handle := get(rid)) is not None] if handles else []
-        step.batch_handles(found, len(preempted), len(scheduled))
+            handle.preempted(at_ns)
+
+
+def _add_pending(pending: _Pending) -> None:
     if len(_PENDING) >= C.MAX_PENDING_STEPS:
         _PENDING.pop(next(iter(_PENDING)))
-    _PENDING[id(output)] = _Pending(output, step, state, end_ns)
+    _PENDING[id(pending.output)] = pending
 
 
 def schedule_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
+        start = monotonic_ns()
         try:
             state = _state(self)
-            step = state.tracer.begin_step()
+            tracer = state.tracer
+            step = tracer.begin_step(start) if tracer.needs_step_record(start, bool(state.handles)) else None
         except Exception as exc:  # noqa: BLE001 - see above
             record_error("vllm.engine.begin", exc)
             return original(self, *args, **kwargs)
         output = original(self, *args, **kwargs)
         try:
-            _engine_scheduled(self, state, step, output, monotonic_ns())
+            if step is None:
+                _engine_counted(state, output, start, monotonic_ns())
+            else:
+                _engine_scheduled(self, state, step, output, monotonic_ns())
         except Exception as exc:  # noqa: BLE001 - see above
             record_error("vllm.engine.scheduled", exc)
         return output
@@ -185,10 +213,11 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
                     start_ns: int, end_ns: int) -> None:
     state = pending.state if pending is not None else _state(scheduler)
     step = pending.step if pending is not None else None
-    if pending is not None and step is not None:
-        # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
+    # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
+    forward_start = (pending.forward_start_ns or pending.schedule_end_ns) if pending is not None else 0
+    if step is not None:
         phases = step.phases  # StepRecord.add_phase inlined
-        phases.append(("forward", pending.forward_start_ns or pending.schedule_end_ns, start_ns))
+        phases.append(("forward", forward_start, start_ns))
         phases.append(("postprocess", start_ns, end_ns))
     handles = state.handles
     # Draft tokens per request, when speculative decoding runs (empty otherwise: one test per step).
@@ -222,6 +251,8 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
         _engine_finished_output(state, output)
     if step is not None:
         state.tracer.end_step(step)
+    elif pending is not None:
+        state.tracer.count_step(pending.start_ns, end_ns, pending.size, start_ns - forward_start)
     if not handles and not getattr(scheduler, "requests", None) and not scheduler.has_requests():
         # The engine goes idle: close the window now, or its steps would wait for the next request.
         # (Asked of the scheduler, a chain of four calls, only once neither a request open here nor
