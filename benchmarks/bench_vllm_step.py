@@ -7,10 +7,10 @@ CPU platform) fed real ``Request`` objects; each step is ``schedule()``, then
 scheduler's Python and llmtrace's hooks on it, on the thread that runs them. Requests of 20
 prompt tokens and 16 output tokens, 8 running (``--running``); each finished request is replaced
 by a new one, so opening and finishing requests is in the per-step number at a 16-token stream's
-rate. vLLM's request stats are on, as ``vllm serve`` has them. Each request carries a W3C context
-in its ``trace_headers``, as the API server's adapter sends it (sampled there: every tenth request
-at production settings, every one fully traced), and an unsampled one the adapter's mark that
-EngineCore need keep no record of it (the API server takes its metrics from vLLM's own events).
+rate. vLLM's request stats are on, as ``vllm serve`` has them. Requests carry what the API
+server's adapter puts in their ``trace_headers``: a request sampled there (every tenth at production
+settings, every one fully traced) its W3C context; an unsampled one only the mark that EngineCore
+need keep no record of it (the API server takes its metrics from vLLM's own events).
 
 Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
@@ -77,9 +77,9 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False, running: int = 
     def carrier(n: int) -> dict[str, str]:
         """What the API server's adapter puts on each request: its ``llm.request``'s context, sampled
         there (one in ten at production settings), and on an unsampled one its no-record mark."""
-        sampled = bool(sampled_every) and n % sampled_every == 0
-        return {"traceparent": f"00-{n + 1:032x}-{n + 1:016x}-{'01' if sampled else '00'}",
-                **({} if sampled else no_record)}
+        if sampled_every and n % sampled_every == 0:
+            return {"traceparent": f"00-{n + 1:032x}-{n + 1:016x}-01"}
+        return dict(no_record)  # no parent context: EngineCore keeps no record (vLLM's tracing off)
 
     def top_up() -> None:
         nonlocal added

@@ -261,3 +261,72 @@ def test_queue_waits_from_vllms_own_request_events(vllm_module: Any) -> None:
     waiting.fold(EngineCoreOutput(request_id="w", new_token_ids=[],
                                   events=[EngineCoreEvent(EngineCoreEventType.QUEUED, 3.0)]))
     assert {"preemptions": 0} == waiting.summary()
+
+
+def test_an_unsampled_request_sends_only_the_no_record_mark(vllm_module: Any) -> None:
+    """API side, vLLM's stats on: an unsampled request's ``trace_headers`` hold only the mark that
+    EngineCore need keep no record of it (EngineCore needs no parent context then), unless vLLM's own
+    tracing parents its span on them; a sampled request sends its W3C context and no mark."""
+    import time
+
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+
+    from llmtrace import _runtime
+    from llmtrace.integrations.vllm import _api
+    from llmtrace.lifecycle.builder import BUILDER
+    from tests.core.conftest import install_runtime
+
+    def opened(request_id: str, tracing: bool) -> dict[str, str]:
+        request = EngineCoreRequest(request_id, list(range(3, 13)), None, SamplingParams(max_tokens=2), None,
+                                    arrival_time=time.time(), lora_request=None, cache_salt=None,
+                                    data_parallel_rank=None, prompt_embeds=None, prompt_is_token_ids=None,
+                                    external_req_id=request_id)
+        handle = _api._open_api_request(SimpleNamespace(log_stats=True, tracing_enabled=tracing), request)
+        assert handle is not None
+        _api._end_api(handle)
+        return dict(request.trace_headers or {})
+
+    try:
+        install_runtime(sample_ratio=0.0)
+        assert {C.NO_ENGINE_RECORD_KEY: "1"} == opened("quiet", tracing=False)
+        with_tracing = opened("vllm-traced", tracing=True)
+        assert C.NO_ENGINE_RECORD_KEY in with_tracing and not _sampled_flag(with_tracing["traceparent"])
+        install_runtime(sample_ratio=1.0)
+        sampled = opened("sampled", tracing=False)
+        assert C.NO_ENGINE_RECORD_KEY not in sampled and _sampled_flag(sampled["traceparent"])
+    finally:
+        BUILDER.flush(10)
+        _runtime.reset()
+        _api.API.reset()
+
+
+def _sampled_flag(traceparent: str) -> bool:
+    return bool(int(traceparent.rsplit("-", 1)[1], 16) & 1)
+
+
+def test_an_engine_request_with_only_the_mark_sends_no_headers_back(scheduler: Any) -> None:
+    """EngineCore side: a request carrying only the no-record mark gets no record, and its outputs
+    from vLLM's real Scheduler carry no ``trace_headers`` back to the API server; one whose headers
+    also hold a W3C context (vLLM's own tracing on) keeps them for vLLM's span."""
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import RequestStatus
+
+    from llmtrace.integrations.vllm import _engine
+
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+    quiet = _request("mark-only", trace_headers={C.NO_ENGINE_RECORD_KEY: "1"})
+    traced = _request("mark-and-context", trace_headers={C.NO_ENGINE_RECORD_KEY: "1", "traceparent": traceparent})
+    for request in (quiet, traced):
+        scheduler.add_request(request)
+        _engine._engine_add(scheduler, request)
+    assert not {"mark-only", "mark-and-context"} & set(_engine._state(scheduler).handles)
+    output = scheduler.schedule()
+    ids = list(output.num_scheduled_tokens)
+    runner = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                               sampled_token_ids=[[5] for _ in ids])
+    sent = {o.request_id: o.trace_headers for batch in scheduler.update_from_output(output, runner).values()
+            for o in batch.outputs}
+    assert sent["mark-only"] is None
+    assert traceparent == (sent["mark-and-context"] or {}).get("traceparent")
+    scheduler.finish_requests(["mark-only", "mark-and-context"], RequestStatus.FINISHED_ABORTED)

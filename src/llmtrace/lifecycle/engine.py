@@ -372,12 +372,13 @@ class EngineTracer:
         window = self._window
         if window is None:  # closed since the step began: count it in a fresh window
             window = self._open_window(start_ns)
-        window.counted_sizes.append(batch_size)
+        sizes = window.counted_sizes
+        sizes.append(batch_size)
         if forward_ns is not None:
             window.busy_ns += forward_ns
             window.forward_seen = True
-        window.end_ns = max(window.end_ns, end_ns)
-        if len(window) >= self._window_steps or end_ns - window.start_ns >= self._window_ns:
+        window.end_ns = end_ns  # (steps end in order: one engine thread reports them)
+        if len(sizes) + len(window.steps) >= self._window_steps or end_ns - window.start_ns >= self._window_ns:
             self.flush_window()
 
     def end_step(self, step: StepRecord) -> None:
@@ -388,8 +389,9 @@ class EngineTracer:
         window = self._window
         if window is None:  # end_step without begin_step: keep the step in a fresh window
             window = self._window = _Window(step.start_ns, self._rng.random() < self._ratio)
-        window.steps.append(step)
-        if len(window) >= self._window_steps or end - window.start_ns >= self._window_ns:
+        steps = window.steps
+        steps.append(step)
+        if len(steps) + len(window.counted_sizes) >= self._window_steps or end - window.start_ns >= self._window_ns:
             self.flush_window()
 
     def handles_for(self, request_ids: Iterable[str]) -> list[RequestHandle]:

@@ -191,13 +191,21 @@ def _open_api_request(processor: Any, request: Any) -> RequestHandle | None:
                            arrival_ns=_arrival_ns(request, now, render))
     if render is not None:
         handle.tokenized(params.prompt_tokens or 0, render[0], render[1])
-    headers = request.trace_headers = X.merge_carrier(getattr(request, "trace_headers", None), handle.carrier())
+    incoming = getattr(request, "trace_headers", None)
     if len(API.open) >= C.MAX_OPEN_REQUESTS:
         _end_api(API.open[next(iter(API.open))], reason=semconv.FINISH_ABORT)
     API.open[params.request_id] = handle
     if _leave_to_stats(processor, handle):
+        # EngineCore keeps no record of it, so needs no parent context: the mark alone, unless vLLM's
+        # own tracing (--otlp-traces-endpoint) parents its span on the headers (then as for any request).
+        tracing = getattr(processor, "tracing_enabled", True) is not False
+        headers = X.merge_carrier(incoming, handle.carrier()) if tracing else dict(incoming or {})
         headers[C.NO_ENGINE_RECORD_KEY] = "1"
-        API.stats_events[params.request_id] = _StatsEvents()
+        if _runtime.serving_metrics() is not None:  # (else nothing reads what vLLM's events say)
+            API.stats_events[params.request_id] = _StatsEvents()
+    else:
+        headers = X.merge_carrier(incoming, handle.carrier())
+    request.trace_headers = headers
     return handle
 
 

@@ -94,7 +94,11 @@ def engine_states() -> list[Any]:
 def _engine_add(scheduler: Any, request: Any) -> None:
     headers = getattr(request, "trace_headers", None)
     if headers and C.NO_ENGINE_RECORD_KEY in headers:
-        return  # unsampled, and the API server has its metrics from vLLM's own events: nothing to keep
+        # Unsampled, and the API server has its metrics from vLLM's own events: nothing to keep. Where the
+        # mark is all the headers hold (vLLM's own tracing off), the request's outputs carry none back.
+        if len(headers) == 1:
+            request.trace_headers = None
+        return
     state = _state(scheduler)
     params = X.request_params(request)
     if not params.request_id or params.request_id in state.handles:
@@ -212,18 +216,33 @@ def execute_model_hook(original: Callable[..., Any], positions: dict[str, int]) 
 def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
                     start_ns: int, end_ns: int) -> None:
     state = pending.state if pending is not None else _state(scheduler)
-    step = pending.step if pending is not None else None
-    # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
-    forward_start = (pending.forward_start_ns or pending.schedule_end_ns) if pending is not None else 0
-    if step is not None:
-        phases = step.phases  # StepRecord.add_phase inlined
-        phases.append(("forward", forward_start, start_ns))
-        phases.append(("postprocess", start_ns, end_ns))
+    handles = state.handles
+    if handles:  # no record open here, no output to read (the common step at production sampling)
+        _engine_outputs(state, pending, result, start_ns)
+    if pending is not None:
+        # Dispatch -> outputs back in EngineCore: the forward pass and sampling, as the engine sees them.
+        forward_start = pending.forward_start_ns or pending.schedule_end_ns
+        step = pending.step
+        if step is None:
+            state.tracer.count_step(pending.start_ns, end_ns, pending.size, start_ns - forward_start)
+        else:
+            phases = step.phases  # StepRecord.add_phase inlined
+            phases.append(("forward", forward_start, start_ns))
+            phases.append(("postprocess", start_ns, end_ns))
+            state.tracer.end_step(step)
+    if not handles and not getattr(scheduler, "requests", None) and not scheduler.has_requests():
+        # The engine goes idle: close the window now, or its steps would wait for the next request.
+        # (Asked of the scheduler, a chain of four calls, only once neither a request open here nor
+        # one in its own table of requests is left.)
+        state.tracer.flush_window()
+
+
+def _engine_outputs(state: _EngineState, pending: _Pending | None, result: Any, start_ns: int) -> None:
+    """The step's outputs for the requests with a record here: tokens, first outputs, finishes."""
     handles = state.handles
     # Draft tokens per request, when speculative decoding runs (empty otherwise: one test per step).
     drafts = getattr(pending.output, "scheduled_spec_decode_tokens", None) if pending is not None else None
-    # No record open here, no output to read (the common step at production sampling: see above).
-    for output in X.engine_outputs(result) if handles else ():
+    for output in X.engine_outputs(result):
         # Per request per step: keep this loop free of helper calls on the common (decode) path.
         handle = handles.get(output.request_id)
         if handle is None:
@@ -249,15 +268,6 @@ def _engine_updated(scheduler: Any, pending: _Pending | None, result: Any,
                                                       X.first_token_summary(handle.first_token_summary()))
             continue
         _engine_finished_output(state, output)
-    if step is not None:
-        state.tracer.end_step(step)
-    elif pending is not None:
-        state.tracer.count_step(pending.start_ns, end_ns, pending.size, start_ns - forward_start)
-    if not handles and not getattr(scheduler, "requests", None) and not scheduler.has_requests():
-        # The engine goes idle: close the window now, or its steps would wait for the next request.
-        # (Asked of the scheduler, a chain of four calls, only once neither a request open here nor
-        # one in its own table of requests is left.)
-        state.tracer.flush_window()
 
 
 def _first_output(handle: RequestHandle, output: Any) -> None:
