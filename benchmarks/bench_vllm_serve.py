@@ -150,6 +150,31 @@ def _stat(pid: str) -> tuple[int, str, float] | None:
     return int(fields[2]), name, (utime + stime + cutime + cstime) / CLK_TCK
 
 
+def llmtrace_thread_cpu(pgid: int) -> dict[str, float]:
+    """CPU seconds of llmtrace's own threads (named ``llmtrace-*`` by ``llmtrace._os_thread``: the span
+    builder, the exporters, the metric reader) by pid:name, in every process of the group: the
+    kernel's per-thread accounting, exact where sampling is not."""
+    out: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or (stat := _stat(entry)) is None or stat[0] != pgid:
+            continue
+        total = 0.0
+        try:
+            tasks = os.listdir(f"/proc/{entry}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                raw = Path(f"/proc/{entry}/task/{tid}/stat").read_text()
+            except OSError:
+                continue
+            if raw[raw.index("(") + 1:raw.rindex(")")].startswith("llmtrace-"):
+                utime, stime = (int(v) for v in raw.rsplit(")", 1)[1].split()[11:13])
+                total += (utime + stime) / CLK_TCK
+        out[f"{entry}:{stat[1]}"] = total
+    return out
+
+
 def group_cpu(pgid: int) -> dict[str, float]:
     """CPU seconds by pid:name of every process in the server's process group."""
     out: dict[str, float] = {}
@@ -347,7 +372,9 @@ def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) 
                                     "--subprocesses", "--nonblocking", "--full-filenames", "-p", str(process.pid)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(3.0)  # py-spy attaches to every process of the group
+        threads_before = llmtrace_thread_cpu(process.pid)
         tokens, wall, before, after, steps = _measured_load(process, base, args)
+        threads_after = llmtrace_thread_cpu(process.pid)
         sampler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
         sampler.wait(120)
     finally:
@@ -368,6 +395,12 @@ def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) 
     for name, (total, busy_n, ours_n) in sorted(shares.items()):
         print(f"  {name:<12} {total:6d} samples, {busy_n:6d} busy, llmtrace's {ours_n:4d} "
               f"= {ours_n / max(busy_n, 1):6.2%} of its busy samples")
+    own = {key: threads_after.get(key, 0.0) - threads_before.get(key, 0.0) for key in threads_after}
+    own_s = sum(own.values())
+    print(f"llmtrace's own threads (exact, /proc/<pid>/task): {1000 * own_s / args.requests:.3f} ms CPU per "
+          f"request of the server's {1000 * cpu / args.requests:.2f} ms = {own_s / max(cpu, 1e-9):.2%}")
+    for key, seconds in sorted(own.items()):
+        print(f"  {key.split(':', 1)[1][:20]:<20} {1000 * seconds / args.requests:.3f} ms per request")
     return 0
 
 

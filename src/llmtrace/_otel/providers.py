@@ -37,6 +37,7 @@ from opentelemetry.sdk.trace.sampling import (
 )
 
 from llmtrace import semconv
+from llmtrace._os_thread import name_sdk_threads
 from llmtrace._otel.export import (
     BoundedSpanProcessor,
     ExportStats,
@@ -265,6 +266,7 @@ def _quiet_exporter_retries() -> None:
 
 def setup(settings: Settings, explicit_exporter: bool) -> Providers:
     """Build (or join) the tracer and meter providers for *settings*."""
+    threads_before = threading.enumerate()
     drops = ExportStats()
     _quiet_exporter_retries()
     host_tp = _host_provider(trace.get_tracer_provider(), TracerProvider)
@@ -311,6 +313,7 @@ def setup(settings: Settings, explicit_exporter: bool) -> Providers:
         metrics.set_meter_provider(meter_provider)
     _renew_identity_after_fork(*([tracer_provider] if host_tp is None else []),
                                *([meter_provider] if host_mp is None else []))
+    name_sdk_threads(threads_before)  # the exporters' threads, as `top -H` and /proc show them
     return Providers(
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from llmtrace import semconv
+from llmtrace._os_thread import name_os_thread
 from llmtrace._otel.export import ExportStats, estimated_bytes
 from llmtrace._otel.spill import SpillStore, usable_directory
 from llmtrace._safety import record_error
@@ -164,6 +165,7 @@ class Spiller:
         self._ensure_started()
 
     def _run(self) -> None:
+        name_os_thread("llmtrace-spill")
         next_scan = 0.0
         while not self._stopping:
             try:

@@ -33,6 +33,7 @@ from math import isfinite
 from types import TracebackType
 from typing import Any
 
+from llmtrace._os_thread import name_os_thread
 from llmtrace.gpu import _process
 from llmtrace.gpu._queries import QUERIES, SPAN_KEYS
 from llmtrace.gpu._state import (
@@ -265,6 +266,7 @@ class GpuSampler:
         self.stop()
 
     def _run(self) -> None:
+        name_os_thread("llmtrace-gpu")
         try:
             if not self._nvml_ready and not self.open():
                 return

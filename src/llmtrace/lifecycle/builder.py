@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from llmtrace import _runtime
+from llmtrace._os_thread import name_os_thread
 from llmtrace._otel.gil import GilYield
 from llmtrace._safety import record_error, warn_once
 from llmtrace.config import Settings
@@ -89,6 +90,7 @@ class SpanBuilder:
             self._wake.set()
 
     def _run(self) -> None:
+        name_os_thread("llmtrace-build")
         while True:
             self._wake.wait()
             # Awake: a batch every BATCH_S for as long as records keep coming. Under steady load
