@@ -91,6 +91,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,7 +172,11 @@ def llmtrace_thread_cpu(pgid: int) -> dict[str, float]:
             if raw[raw.index("(") + 1:raw.rindex(")")].startswith("llmtrace-"):
                 utime, stime = (int(v) for v in raw.rsplit(")", 1)[1].split()[11:13])
                 total += (utime + stime) / CLK_TCK
-        out[f"{entry}:{stat[1]}"] = total
+        try:
+            api = b"vllm.entrypoints" in Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            api = False
+        out[f"{entry}:{'API server' if api else stat[1]}"] = total
     return out
 
 
@@ -322,11 +327,14 @@ def one_run(arm: str, index: int, args: argparse.Namespace, model: Path, workdir
 _SPIN_PATHS = ("vllm/distributed/device_communicators/shm_broadcast.py", "vllm/distributed/utils.py")
 
 
-def busy_shares(raw: Path) -> dict[str, tuple[int, int, int]]:
-    """Per process (by the name py-spy gives it): (samples, busy samples, llmtrace's samples), where
-    a busy sample is neither in vLLM's queue spin (the innermost three frames) nor a native thread
-    with no Python frame (torch's OpenMP pool), and llmtrace's are classified as
-    ``bench_server_profile.attribute`` does."""
+def busy_shares(raw: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Per process (by the name py-spy gives it): (samples, busy samples, llmtrace's samples, those of
+    them on llmtrace's own threads), where a busy sample is neither in vLLM's queue spin (the
+    innermost three frames) nor a native thread with no Python frame (torch's OpenMP pool), and
+    llmtrace's are classified as ``bench_server_profile.attribute`` does. A thread is llmtrace's own
+    when the code its ``Thread.run`` starts is llmtrace's or the OpenTelemetry SDK's (the span
+    builder, the exporters): what the kernel accounts to those threads exactly
+    (:func:`llmtrace_thread_cpu`)."""
     import bench_server_profile as profile
 
     counts: dict[str, list[int]] = {}
@@ -339,7 +347,7 @@ def busy_shares(raw: Path) -> dict[str, tuple[int, int, int]]:
         frames = [p for p in parts if not p.startswith("process ")]
         name = processes[-1].split(":", 1)[1].strip('"') if processes else "?"
         name = "API server" if "vllm.entrypoints" in name else name
-        row = counts.setdefault(name, [0, 0, 0])
+        row = counts.setdefault(name, [0, 0, 0, 0])
         row[0] += int(count)
         if not frames or any(path in frame for frame in frames[-3:] for path in _SPIN_PATHS):
             continue
@@ -348,9 +356,19 @@ def busy_shares(raw: Path) -> dict[str, tuple[int, int, int]]:
             kind = profile.classify(frame)
             if kind == "ours":
                 row[2] += int(count)
+                row[3] += int(count) if _own_thread(frames, profile.module_path) else 0
             if kind != "stdlib":
                 break
-    return {name: (row[0], row[1], row[2]) for name, row in counts.items()}
+    return {name: (row[0], row[1], row[2], row[3]) for name, row in counts.items()}
+
+
+def _own_thread(frames: list[str], module_path: Callable[[str], str]) -> bool:
+    """Whether these frames (outermost first) are of a thread that runs llmtrace's or the SDK's code."""
+    for index, frame in enumerate(frames[:-1]):
+        if frame.startswith("Thread.run "):
+            path = module_path(frames[index + 1].rsplit(" (", 1)[-1].rpartition(":")[0])
+            return path.startswith(("llmtrace/", "opentelemetry/"))
+    return False
 
 
 def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) -> int:
@@ -388,20 +406,28 @@ def profile_run(arm: str, args: argparse.Namespace, model: Path, workdir: Path) 
           f"{tokens} tokens in {wall:.1f} s, {steps} engine steps; server CPU {1000 * cpu / args.requests:.2f} ms "
           f"per request; raw profile {raw}")
     profile.report(argparse.Namespace(top=args.top), profile.attribute(raw))
-    shares = busy_shares(raw)
-    busy, ours = sum(row[1] for row in shares.values()), sum(row[2] for row in shares.values())
-    print(f"busy samples (vLLM's queue spin and native threads left out): llmtrace's {ours} of {busy} = "
-          f"{ours / max(busy, 1):.2%}  -> implied ratio {1 - ours / max(busy, 1):.3f}")
-    for name, (total, busy_n, ours_n) in sorted(shares.items()):
-        print(f"  {name:<12} {total:6d} samples, {busy_n:6d} busy, llmtrace's {ours_n:4d} "
-              f"= {ours_n / max(busy_n, 1):6.2%} of its busy samples")
+    report_shares(busy_shares(raw))
     own = {key: threads_after.get(key, 0.0) - threads_before.get(key, 0.0) for key in threads_after}
     own_s = sum(own.values())
     print(f"llmtrace's own threads (exact, /proc/<pid>/task): {1000 * own_s / args.requests:.3f} ms CPU per "
           f"request of the server's {1000 * cpu / args.requests:.2f} ms = {own_s / max(cpu, 1e-9):.2%}")
     for key, seconds in sorted(own.items()):
-        print(f"  {key.split(':', 1)[1][:20]:<20} {1000 * seconds / args.requests:.3f} ms per request")
+        print(f"  {key:<24} {1000 * seconds / args.requests:.3f} ms per request")
     return 0
+
+
+def report_shares(shares: dict[str, tuple[int, int, int, int]]) -> None:
+    """:func:`busy_shares` printed: llmtrace's share of the busy samples, and the part of it on the
+    serving threads (inline), the rest being its own threads' (measured exactly apart)."""
+    busy, ours = sum(row[1] for row in shares.values()), sum(row[2] for row in shares.values())
+    own = sum(row[3] for row in shares.values())
+    print(f"busy samples (vLLM's queue spin and native threads left out): llmtrace's {ours} of {busy} = "
+          f"{ours / max(busy, 1):.2%}  -> implied ratio {1 - ours / max(busy, 1):.3f}; on the serving threads "
+          f"(inline) {ours - own} = {(ours - own) / max(busy, 1):.2%}, on llmtrace's own threads {own}")
+    for name, (total, busy_n, ours_n, own_n) in sorted(shares.items()):
+        print(f"  {name:<16} {total:6d} samples, {busy_n:6d} busy, llmtrace's {ours_n:4d} "
+              f"= {ours_n / max(busy_n, 1):6.2%} of its busy samples (inline {ours_n - own_n}, "
+              f"{(ours_n - own_n) / max(busy_n, 1):.2%})")
 
 
 # -- report -------------------------------------------------------------------------------------
