@@ -6,7 +6,10 @@ EngineCore reads ``VLLM::EngineCore``. llmtrace's background threads (the span b
 and metric exporters, the GPU sampler, the spill writer) take ``llmtrace-*`` names instead: an
 operator sees what they cost, exactly (the kernel's per-thread CPU time), and
 ``benchmarks/bench_vllm_serve.py`` measures them so. Linux only (``/proc/self/task/<tid>/comm``,
-15 bytes); elsewhere, or where ``/proc`` is read-only, nothing happens.
+15 bytes); elsewhere, or where ``/proc`` is read-only, nothing happens. llmtrace's own threads
+name themselves as they start (after ``fork()`` too); the SDK's exporter threads are named once,
+when ``instrument()`` builds the providers, and those the SDK restarts in a forked child keep the
+process's name.
 """
 
 from __future__ import annotations
@@ -14,8 +17,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-#: Every name this module gives starts so.
-PREFIX = "llmtrace-"
 #: The kernel keeps 15 bytes of a thread's name.
 MAX_NAME = 15
 #: OpenTelemetry SDK threads that llmtrace's own providers start, by their Python names.

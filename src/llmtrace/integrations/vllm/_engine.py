@@ -39,19 +39,18 @@ class _EngineState:
 
 class _Pending:
     """A step between ``schedule()`` and ``update_from_output()`` (several overlap with async scheduling):
-    its record, or (a step of an unsampled window, counted without one) its id, start and batch size."""
+    its record, or (a step of an unsampled window, counted without one) its start and batch size."""
 
-    __slots__ = ("forward_start_ns", "output", "schedule_end_ns", "size", "start_ns", "state", "step", "step_id")
+    __slots__ = ("forward_start_ns", "output", "schedule_end_ns", "size", "start_ns", "state", "step")
 
     def __init__(self, output: Any, step: StepRecord | None, state: _EngineState, start_ns: int,
-                 schedule_end_ns: int, size: int = 0, step_id: int = 0) -> None:
+                 schedule_end_ns: int, size: int = 0) -> None:
         self.output = output  # held so that id(output) stays unique while pending
         self.step = step
         self.state = state
         self.start_ns = start_ns
         self.schedule_end_ns = schedule_end_ns
         self.size = size
-        self.step_id = step_id
         self.forward_start_ns: int | None = None
 
 
@@ -161,7 +160,7 @@ def _engine_counted(state: _EngineState, output: Any, start_ns: int, end_ns: int
         _note_preempted(handles, getattr(output, "preempted_req_ids", None) or (), end_ns)
         get = handles.get
         note_batch([handle for rid in scheduled if (handle := get(rid)) is not None], step_id, start_ns)
-    _add_pending(_Pending(output, None, state, start_ns, end_ns, len(scheduled), step_id))
+    _add_pending(_Pending(output, None, state, start_ns, end_ns, len(scheduled)))
 
 
 def _note_preempted(handles: dict[str, RequestHandle], preempted: Any, at_ns: int) -> None:
