@@ -165,10 +165,12 @@ def test_plugin_is_a_no_op_without_opt_in(tiny_model: Path, tmp_path: Path) -> N
 def test_unsampled_engine_windows_still_time_every_request(tiny_model: Path, tmp_path: Path) -> None:
     """Engine windows never sampled (``LLMTRACE_ENGINE_SAMPLE_RATIO=0``), requests always: no
     llm.step spans, and each request still gets its queue/prefill/decode phases, its step ids and
-    its preemptions, which EngineCore records without the batch's numbers in such a window."""
+    its preemptions, which EngineCore keeps without a record of such a window's steps; the steps,
+    counted, still feed the batch-size histogram (every step id once, every request's decode steps
+    in the sizes) and the idle ratio."""
     traces = tmp_path / "traces.jsonl"
     result = run_scenario(tiny_model, traces, "--requests", "8", "--max-tokens", "60", "--blocks", "9",
-                          LLMTRACE_VLLM="1", LLMTRACE_ENGINE_SAMPLE_RATIO="0")
+                          LLMTRACE_VLLM="1", LLMTRACE_ENGINE_SAMPLE_RATIO="0", LLMTRACE_METRICS="true")
     driven("the preempting scenario with engine windows unsampled: the scheduler hook's lean path")
     spans = trace_checks.load(traces)
     assert [] == [s for s in spans if s.name in ("llm.step", "llm.engine")]
@@ -181,4 +183,11 @@ def test_unsampled_engine_windows_still_time_every_request(tiny_model: Path, tmp
     preemptions = sum(r.attributes["llm.preemptions"] for r in requests)
     assert preemptions > 0  # 9 KV blocks for 8 requests of 100 tokens: the scheduler preempted
     assert len(requests) + preemptions == sum(1 for s in spans if s.name == "llm.queue")
+    metrics = trace_checks.load_metrics(traces)
+    (batch,) = metrics["llmtrace.batch.size"]
+    last_step = max(r.attributes["llm.step.last_id"] for r in requests)
+    assert last_step + 1 <= int(batch["count"]) < 2 * (last_step + 1)  # each step counted once, none recorded
+    assert float(batch["sum"]) >= sum(r.attributes["llm.decode.steps"] for r in requests)
+    (idle,) = metrics["llmtrace.gpu.idle_ratio"]
+    assert 0.0 <= idle["asDouble"] < 1.0  # forward time came from the counted steps
     assert {"llm.queue", "llm.prefill", "llm.decode"} <= {s.name for s in spans}
