@@ -117,7 +117,7 @@ def version_supported(version: str | None, low: tuple[int, ...], high_exclusive:
 
 def number(value: Any, kind: type) -> Any:
     """*value* as an int or float (*kind*); None for None, a bool, garbage, NaN or infinity."""
-    if kind is int and value.__class__ is int:
+    if value.__class__ is kind and (kind is int or math.isfinite(value)):
         return value  # what engines report nearly always (several per step): one test, not a conversion
     if value is None or isinstance(value, bool):
         return None
