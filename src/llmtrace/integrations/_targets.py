@@ -117,8 +117,10 @@ def version_supported(version: str | None, low: tuple[int, ...], high_exclusive:
 
 def number(value: Any, kind: type) -> Any:
     """*value* as an int or float (*kind*); None for None, a bool, garbage, NaN or infinity."""
-    if value.__class__ is kind and (kind is int or math.isfinite(value)):
+    if kind is int and value.__class__ is int:
         return value  # what engines report nearly always (several per step): one test, not a conversion
+    if kind is float and type(value) is float:
+        return value if math.isfinite(value) else None
     if value is None or isinstance(value, bool):
         return None
     try:
