@@ -129,11 +129,8 @@ def _engine_scheduled(scheduler: Any, state: _EngineState, step: StepRecord, out
     handles = state.handles
     if not step.sampled:  # kept for per-request energy only: its requests' step records are all it needs
         scheduled = getattr(output, "num_scheduled_tokens", None) or ()
-        preempted = getattr(output, "preempted_req_ids", None) or ()
-        _note_preempted(handles, preempted, end_ns)
-        get = handles.get
-        step.batch_handles([handle for rid in scheduled if (handle := get(rid)) is not None],
-                           len(preempted), len(scheduled))
+        records, preempted_count = _records_in_batch(handles, output, scheduled, end_ns)
+        step.batch_handles(records, preempted_count, len(scheduled))
         _add_pending(_Pending(output, step, state, step.start_ns, end_ns))
         return
     info = X.batch_info(output, getattr(scheduler, "requests", None) or {})
@@ -157,10 +154,19 @@ def _engine_counted(state: _EngineState, output: Any, start_ns: int, end_ns: int
     scheduled = getattr(output, "num_scheduled_tokens", None) or ()
     step_id = state.tracer.next_step_id()
     if handles := state.handles:  # none open: the common step at production sampling, vLLM's stats on
-        _note_preempted(handles, getattr(output, "preempted_req_ids", None) or (), end_ns)
-        get = handles.get
-        note_batch([handle for rid in scheduled if (handle := get(rid)) is not None], step_id, start_ns)
+        note_batch(_records_in_batch(handles, output, scheduled, end_ns)[0], step_id, start_ns)
     _add_pending(_Pending(output, None, state, start_ns, end_ns, len(scheduled)))
+
+
+def _records_in_batch(handles: dict[str, RequestHandle], output: Any, scheduled: Any,
+                      at_ns: int) -> tuple[list[RequestHandle], int]:
+    """A step of an unsampled window read for its records alone: the open records of the requests
+    *scheduled* (found as the batch is read, not listed by id and looked up again), with the batch's
+    preemptions noted on theirs; and how many requests were preempted."""
+    preempted = getattr(output, "preempted_req_ids", None) or ()
+    _note_preempted(handles, preempted, at_ns)
+    get = handles.get
+    return [handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted)
 
 
 def _note_preempted(handles: dict[str, RequestHandle], preempted: Any, at_ns: int) -> None:
