@@ -195,16 +195,17 @@ def _open_api_request(processor: Any, request: Any) -> RequestHandle | None:
     if len(API.open) >= C.MAX_OPEN_REQUESTS:
         _end_api(API.open[next(iter(API.open))], reason=semconv.FINISH_ABORT)
     API.open[params.request_id] = handle
-    if _leave_to_stats(processor, handle):
-        # EngineCore keeps no record of it, so needs no parent context: the mark alone, unless vLLM's
-        # own tracing (--otlp-traces-endpoint) parents its span on the headers (then as for any request).
-        tracing = getattr(processor, "tracing_enabled", True) is not False
-        headers = X.merge_carrier(incoming, handle.carrier()) if tracing else dict(incoming or {})
+    leave = _leave_to_stats(processor, handle)
+    if leave and getattr(processor, "tracing_enabled", True) is False:
+        # EngineCore keeps no record of it, so needs no parent context; vLLM's own tracing
+        # (--otlp-traces-endpoint), which parents its span on the headers, is off.
+        headers = dict(incoming or {})
+    else:
+        headers = X.merge_carrier(incoming, handle.carrier())
+    if leave:
         headers[C.NO_ENGINE_RECORD_KEY] = "1"
         if _runtime.serving_metrics() is not None:  # (else nothing reads what vLLM's events say)
             API.stats_events[params.request_id] = _StatsEvents()
-    else:
-        headers = X.merge_carrier(incoming, handle.carrier())
     request.trace_headers = headers
     return handle
 
