@@ -138,12 +138,13 @@ def print_ratios(counted: dict[str, dict[str, float]], title: str, thread_label:
         print(f"{arm:<12} {thread / 1000:13.1f}k {total / 1000:11.1f}k {ratio:>7}")
 
 
-def step_arguments(parser: argparse.ArgumentParser, arms: Sequence[str]) -> None:
-    """The options of a benchmark counted per step in arms (``--steps``, ``--base``, ``--arms``,
-    ``--jobs``, and the hidden ``--child``/``--model`` of its child runs)."""
+def step_arguments(parser: argparse.ArgumentParser, arms: Sequence[str], default: Sequence[str] | None = None) -> None:
+    """The options of a benchmark counted per step in arms (``--steps``, ``--base``, ``--arms``
+    (*default*: all of them), ``--jobs``, and the hidden ``--child``/``--model`` of its child runs)."""
     parser.add_argument("--steps", type=int, default=1200, help="engine steps in the long runs (default 1200)")
     parser.add_argument("--base", type=int, default=200, help="engine steps in the short runs (default 200)")
-    parser.add_argument("--arms", default=",".join(arms), help=f"comma-separated, of {', '.join(arms)}")
+    parser.add_argument("--arms", default=",".join(arms if default is None else default),
+                        help=f"comma-separated, of {', '.join(arms)}")
     parser.add_argument("--jobs", type=int, default=2, help="callgrind runs at once (default 2)")
     parser.add_argument("--child", choices=arms, help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

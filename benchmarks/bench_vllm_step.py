@@ -14,12 +14,15 @@ need keep no record of it (the API server takes its metrics from vLLM's own even
 
 Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
-sampled). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
+sampled); ``unsampled_windows`` and ``unsampled_windows_python`` (``--arms``) are production's
+steps in unsampled windows alone, counted by llmtrace's compiled core and by its Python code
+(``LLMTRACE_STEP_COUNTER=python``). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
 main thread's count is the engine loop's; all threads' adds the builder's.
 
     python benchmarks/bench_vllm_step.py                      # callgrind, instructions per step (~5 min)
     python benchmarks/bench_vllm_step.py --steps 2000 --base 400 --jobs 2
     python benchmarks/bench_vllm_step.py --running 2      # small batches: the per-step part
+    python benchmarks/bench_vllm_step.py --arms untraced,unsampled_windows,unsampled_windows_python
 
 Set-up (importing torch and vLLM) runs before callgrind starts counting (``_callgrind.ready``);
 each arm's count at ``--steps`` minus its count at ``--base`` is divided by the difference.
@@ -37,9 +40,16 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-ARMS = ("untraced", "production", "full")
+DEFAULT_ARMS = ("untraced", "production", "full")
+#: Production's nine steps in ten, alone: every engine window unsampled (a sampled window's share
+#: otherwise swings with how many of a short run's windows the dice picked), with llmtrace's
+#: compiled step counter and with its Python reference.
+ARMS = (*DEFAULT_ARMS, "unsampled_windows", "unsampled_windows_python")
 ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
-           "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"}}
+           "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"},
+           "unsampled_windows": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0"},
+           "unsampled_windows_python": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0",
+                                        "LLMTRACE_STEP_COUNTER": "python"}}
 PROMPT_TOKENS, OUTPUT_TOKENS = 20, 16
 
 
@@ -131,7 +141,7 @@ def main() -> int:
     from _callgrind import chosen_arms, per_request, print_ratios, step_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    step_arguments(parser, ARMS)
+    step_arguments(parser, ARMS, DEFAULT_ARMS)
     parser.add_argument("--running", type=int, default=8, help="requests in the batch (default 8)")
     parser.add_argument("--no-gc", action="store_true",
                         help="garbage collection off in the counted steps: exact, but leaves out what "

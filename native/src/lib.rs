@@ -907,6 +907,7 @@ mod gpu_idle;
 mod named_tuple;
 mod otlp_json;
 mod scan;
+mod step_counter;
 mod table;
 mod tokenizer_method;
 
@@ -914,12 +915,13 @@ mod tokenizer_method;
 fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // Bump with ABI_VERSION in llmtrace/_native.py when a signature changes: a
     // build from another version is then ignored instead of called wrongly.
-    m.add("ABI_VERSION", 10)?;
+    m.add("ABI_VERSION", 11)?;
     m.add_class::<Decoder>()?;
     m.add_class::<table::EngineTable>()?;
     m.add_class::<table::GapSet>()?;
     m.add_class::<chrome::ChromeTraceEvents>()?;
     m.add_class::<otlp_json::OtlpJsonEncoder>()?;
+    m.add_class::<step_counter::StepCounter>()?;
     m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
     m.add("TokenizerMethod", tokenizer_method::method_type(m.py())?)?;
     m.add_function(wrap_pyfunction!(tokenizer_method::tokenizer_method, m)?)?;

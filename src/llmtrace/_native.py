@@ -20,7 +20,7 @@ import os
 from types import ModuleType
 
 #: Bump together with ``ABI_VERSION`` in native/src/lib.rs whenever a signature changes.
-ABI_VERSION = 10
+ABI_VERSION = 11
 
 _log = logging.getLogger(__name__)
 

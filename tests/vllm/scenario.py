@@ -70,7 +70,13 @@ def main() -> None:
     print("SCENARIO " + json.dumps(result), flush=True)
     if args.instrument:
         import llmtrace
+        from llmtrace.integrations.vllm import _engine
 
+        # An in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): how its steps were counted.
+        counters = [state.counter for state in _engine.engine_states()]
+        print("ENGINE " + json.dumps({"schedulers": len(counters),
+                                      "compiled_counts": [c.counted() if c is not None else None for c in counters]}),
+              flush=True)
         llmtrace.shutdown()
 
 

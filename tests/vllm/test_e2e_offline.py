@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from llmtrace._native import load as load_native
 from tests.vllm import trace_checks
 from tests.vllm.conftest import PYTHON, REPO, driven, requires_vllm, subprocess_env
 
@@ -19,13 +20,19 @@ TIMEOUT_S = 400
 
 
 def run_scenario(model: Path, traces: Path, *args: str, **env: str) -> list[dict[str, Any]]:
+    return _scenario_lines(model, traces, *args, **env)["SCENARIO"]  # type: ignore[no-any-return]
+
+
+def _scenario_lines(model: Path, traces: Path, *args: str, **env: str) -> dict[str, Any]:
+    """The scenario's JSON lines by their tag: ``SCENARIO`` (what vLLM returned) and, for an engine
+    in the scenario's process, ``ENGINE`` (how its steps were counted)."""
     environ = subprocess_env(LLMTRACE_EXPORTER=f"file:{traces}", **env)
     done = subprocess.run([PYTHON, "-m", "tests.vllm.scenario", str(model), *args], cwd=REPO, env=environ,
                           capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("SCENARIO ")]
-    assert done.returncode == 0 and lines, f"scenario failed ({done.returncode}):\n{done.stderr[-6000:]}"
-    result: list[dict[str, Any]] = json.loads(lines[-1][len("SCENARIO "):])
-    return result
+    tagged = {tag: json.loads(rest) for tag, _, rest in (line.partition(" ") for line in done.stdout.splitlines())
+              if tag in ("SCENARIO", "ENGINE")}
+    assert done.returncode == 0 and "SCENARIO" in tagged, f"scenario failed ({done.returncode}):\n{done.stderr[-6000:]}"
+    return tagged
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +198,32 @@ def test_unsampled_engine_windows_still_time_every_request(tiny_model: Path, tmp
     (idle,) = metrics["llmtrace.gpu.idle_ratio"]
     assert 0.0 <= idle["asDouble"] < 1.0  # forward time came from the counted steps
     assert {"llm.queue", "llm.prefill", "llm.decode"} <= {s.name for s in spans}
+
+
+@pytest.mark.skipif(load_native() is None, reason="llmtrace-native not built: no compiled step counter")
+def test_compiled_step_counter_counts_what_the_python_reference_counts(tiny_model: Path, tmp_path: Path) -> None:
+    """Requests and engine windows unsampled, vLLM's request stats on, the engine in the scenario's
+    process: EngineCore keeps no request record, so the compiled core counts the windows' steps
+    (native/src/step_counter.rs). The batch-size histogram and idle ratio come out as they do with
+    the Python reference (``LLMTRACE_STEP_COUNTER=python``): the same steps, each counted once,
+    every request in every step it was scheduled in."""
+    runs = {}
+    for counter in ("native", "python"):
+        traces = tmp_path / f"{counter}.jsonl"
+        tagged = _scenario_lines(tiny_model, traces, "--requests", "6", "--max-tokens", "40", "--log-stats",
+                                 "--instrument", VLLM_ENABLE_V1_MULTIPROCESSING="0", LLMTRACE_SAMPLE_RATIO="0",
+                                 LLMTRACE_ENGINE_SAMPLE_RATIO="0", LLMTRACE_METRICS="true",
+                                 LLMTRACE_STEP_COUNTER=counter)
+        assert [40] * 6 == [r["tokens"] for r in tagged["SCENARIO"]]
+        metrics = trace_checks.load_metrics(traces)
+        (batch,) = metrics["llmtrace.batch.size"]
+        (idle,) = metrics["llmtrace.gpu.idle_ratio"]
+        assert 0.0 <= idle["asDouble"] < 1.0
+        runs[counter] = (tagged["ENGINE"]["compiled_counts"], int(batch["count"]), float(batch["sum"]))
+    driven("in-process engine, every request and engine window unsampled: compiled step counter vs Python")
+    (compiled,), count, total = runs["native"]
+    assert [None] == runs["python"][0]
+    print(f"steps {count}, counted by the compiled core {compiled}")
+    assert count // 2 < compiled < count  # all but those that opened a window, closed one or came with it idle
+    assert (count, total) == runs["python"][1:]
+    assert total >= 6 * 40  # every request in each of its 40 token steps (and its prefill chunks)

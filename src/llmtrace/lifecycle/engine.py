@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from llmtrace import _runtime, semconv
+from llmtrace import _native, _runtime, semconv
 from llmtrace._gpu_hook import energy_available, span_attributes_for
 from llmtrace._otel.gil import GilYield
 from llmtrace._safety import guarded
@@ -327,6 +327,8 @@ class EngineTracer:
         self.energy_accounting = energy_available()
         #: CUDA-event timing of forward phases, once torch has initialised CUDA (checked per window).
         self.forward_timer: Any = None
+        #: The compiled counter of this engine's unsampled windows' steps (:meth:`attach_counter`).
+        self.counter: Any = None
         _ENGINES.add(self)
         if settings.gc_spans:
             _install_gc_callback()
@@ -381,6 +383,53 @@ class EngineTracer:
         if len(sizes) + len(window.steps) >= self._window_steps or end_ns - window.start_ns >= self._window_ns:
             self.flush_window()
 
+    def attach_counter(self, records: dict[Any, Any], batch_attr: str, busy_attr: str,
+                       max_pending: int = 16) -> Any:
+        """Have llmtrace's compiled core count the steps of this engine's unsampled windows, where it is
+        built (``LLMTRACE_STEP_COUNTER=python``: never): the counter made (``llmtrace_native.StepCounter``),
+        or None. An integration's step hooks hand it each step (``scheduled``, ``dispatched``,
+        ``updated``) and do the step themselves, through this class, when it declines one: when
+        *records* (the engine's open request records) is not empty, outside a window it was let into
+        (:meth:`allow_counter`), and at a step where it answers that the window must be settled
+        (:meth:`settle_counter`). *batch_attr*: the attribute of a step's key object whose length is
+        the batch size; *busy_attr*: the engine's attribute that is empty when no request is left.
+        Counted there, a step costs the engine thread three calls instead of ~300 bytecodes
+        (docs/performance.md), for the same window totals."""
+        native = _native.chosen_by("LLMTRACE_STEP_COUNTER")
+        self.counter = None if native is None else native.StepCounter(records, batch_attr, busy_attr, max_pending)
+        return self.counter
+
+    def allow_counter(self, engine: Any, begun: int = 1) -> None:
+        """The open window is unsampled: the counter may take the next steps of *engine*, up to the
+        window's age and size (*begun*: steps begun that the window will count but does not hold yet)."""
+        counter, window = self.counter, self._window
+        if counter is not None and window is not None and not window.sampled:
+            counter.allow(engine, window.start_ns + self._window_ns, self._window_steps - len(window) - begun)
+
+    def settle_counter(self) -> None:
+        """Take the steps the counter counted into the open window, and close the window when it is full
+        or old enough, as :meth:`count_step` does."""
+        window = self._take_counted()
+        if window is not None and (len(window) >= self._window_steps
+                                   or window.end_ns - window.start_ns >= self._window_ns):
+            self.flush_window()
+
+    def _take_counted(self) -> _Window | None:
+        """The counter's steps since it was last asked, in the open window (opened for them if none is)."""
+        counted = self.counter.drain() if self.counter is not None else None
+        if counted is None:
+            return None
+        sizes, busy_ns, forward_seen, first_start_ns, end_ns = counted
+        window = self._window
+        if window is None:  # closed since they began: count them in a fresh window, as count_step does
+            window = self._open_window(first_start_ns)
+        window.counted_sizes += sizes
+        window.busy_ns += busy_ns
+        window.forward_seen = window.forward_seen or forward_seen
+        window.end_ns = max(window.end_ns, end_ns)
+        self._next_step += len(sizes)  # (their ids: one sequence with the others')
+        return window
+
     def end_step(self, step: StepRecord) -> None:
         """The iteration is over; closes the window when it is full or old enough."""
         if step._mark_name is not None:
@@ -423,6 +472,9 @@ class EngineTracer:
 
     def flush_window(self) -> None:
         """Close the current window now (called on shutdown and when a window is full)."""
+        if self.counter is not None:
+            self.counter.stop()
+            self._take_counted()
         window, self._window = self._window, None
         if window is None or not len(window):
             return

@@ -35,6 +35,10 @@ class _EngineState:
         self.tracker = RequestTracker()
         self.tracer = EngineTracer(X.engine_id(config), self.tracker)
         self.handles: dict[str, RequestHandle] = {}
+        #: The compiled counter of the unsampled windows' steps while no request has a record here
+        #: (None: not built); the per-step hooks hand it each step first.
+        self.counter = self.tracer.attach_counter(self.handles, "num_scheduled_tokens", "requests",
+                                                  C.MAX_PENDING_STEPS)
 
 
 class _Pending:
@@ -61,10 +65,14 @@ _PENDING: dict[int, _Pending] = {}
 #: The scheduler seen last and its state: a process runs one scheduler as a rule, and the weak
 #: dictionary's ``get`` is two Python frames, asked three or four times a step.
 _last: tuple[weakref.ref[Any], _EngineState] | None = None
+#: The step counter the per-step hooks ask first: the one of the scheduler seen last, unless another
+#: scheduler's still holds steps (those must come back to it). It checks that a step is its
+#: scheduler's, so another scheduler's steps go the Python way, correctly.
+_counter: Any = None
 
 
 def _state(scheduler: Any) -> _EngineState:
-    global _last
+    global _last, _counter
     last = _last
     if last is not None and last[0]() is scheduler:
         return last[1]
@@ -72,16 +80,18 @@ def _state(scheduler: Any) -> _EngineState:
     if state is None:
         state = _ENGINES[scheduler] = _EngineState(scheduler)
     _last = (weakref.ref(scheduler), state)
+    if _counter is None or not _counter.pending():
+        _counter = state.counter
     return state
 
 
 def reset() -> None:
     """Close every open window and forget pending steps (``uninstrument()``)."""
-    global _last
+    global _last, _counter
     for state in list(_ENGINES.values()):
         state.tracer.flush_window()
     _PENDING.clear()
-    _last = None
+    _last = _counter = None
 
 
 def engine_states() -> list[Any]:
@@ -183,22 +193,28 @@ def _add_pending(pending: _Pending) -> None:
     _PENDING[id(pending.output)] = pending
 
 
+def _engine_schedule(scheduler: Any, output: Any, start_ns: int, end_ns: int) -> None:
+    """A step the compiled counter did not take (or none is built): recorded, or counted here."""
+    state = _state(scheduler)
+    tracer = state.tracer
+    tracer.settle_counter()  # the steps it counted so far go first: the window's counts and ids in order
+    if tracer.needs_step_record(start_ns, bool(state.handles)):
+        _engine_scheduled(scheduler, state, tracer.begin_step(start_ns), output, end_ns)
+        return
+    _engine_counted(state, output, start_ns, end_ns)
+    if not state.handles:  # the window's next steps need nothing of Python: the counter may take them
+        tracer.allow_counter(scheduler)
+
+
 def schedule_hook(original: Callable[..., Any], positions: dict[str, int]) -> Hook:
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
-        try:
-            state = _state(self)
-            tracer = state.tracer
-            step = tracer.begin_step(start) if tracer.needs_step_record(start, bool(state.handles)) else None
-        except Exception as exc:  # noqa: BLE001 - see above
-            record_error("vllm.engine.begin", exc)
-            return original(self, *args, **kwargs)
         output = original(self, *args, **kwargs)
+        end = monotonic_ns()
         try:
-            if step is None:
-                _engine_counted(state, output, start, monotonic_ns())
-            else:
-                _engine_scheduled(self, state, step, output, monotonic_ns())
+            counter = _counter
+            if counter is None or not counter.scheduled(self, output, start, end):
+                _engine_schedule(self, output, start, end)
         except Exception as exc:  # noqa: BLE001 - see above
             record_error("vllm.engine.scheduled", exc)
         return output
@@ -210,9 +226,12 @@ def execute_model_hook(original: Callable[..., Any], positions: dict[str, int]) 
     get_output = binder(positions, "scheduler_output")
 
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
-        pending = _PENDING.get(id(get_output(args, kwargs)))
-        if pending is not None and pending.forward_start_ns is None:
-            pending.forward_start_ns = monotonic_ns()
+        output = get_output(args, kwargs)
+        counter = _counter
+        if counter is None or not counter.dispatched(output, monotonic_ns()):
+            pending = _PENDING.get(id(output))
+            if pending is not None and pending.forward_start_ns is None:
+                pending.forward_start_ns = monotonic_ns()
         return original(self, *args, **kwargs)
 
     return hook
@@ -299,12 +318,18 @@ def update_from_output_hook(original: Callable[..., Any], positions: dict[str, i
     def hook(self: Any, *args: Any, **kwargs: Any) -> Any:
         start = monotonic_ns()
         scheduler_output = get_output(args, kwargs)
-        pending = _PENDING.pop(id(scheduler_output), None)
-        if pending is not None and pending.output is not scheduler_output:
-            pending = None  # another object at a recycled address: not this step's
         result = original(self, *args, **kwargs)
         try:
-            _engine_updated(self, pending, result, start, monotonic_ns())
+            counter = _counter
+            settle = None if counter is None else counter.updated(self, scheduler_output, start, monotonic_ns())
+            if settle is None:  # not a step the counter took
+                pending = _PENDING.pop(id(scheduler_output), None)
+                if pending is not None and pending.output is not scheduler_output:
+                    pending = None  # another object at a recycled address: not this step's
+                _engine_updated(self, pending, result, start, monotonic_ns())
+            elif settle:  # counted; its window may be due to close, a record opened, or the engine idle
+                _state(self).tracer.settle_counter()
+                _engine_updated(self, None, result, start, monotonic_ns())
         except Exception as exc:  # noqa: BLE001 - see above
             record_error("vllm.engine.updated", exc)
         return result
