@@ -81,7 +81,7 @@ def child(arm: str, steps: int, model: str, no_gc: bool = False, running: int = 
                           structured_output_manager=StructuredOutputManager(config), block_size=16, log_stats=True)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     added = 0
-    sampled_every = {"production": 10, "full": 1}.get(arm, 0)
+    sampled_every = {"full": 1}.get(arm, 10) if arm != "untraced" else 0
     no_record = _no_record_mark() if sampled_every else {}
 
     def carrier(n: int) -> dict[str, str]:
