@@ -16,7 +16,7 @@ Arms, each in its own process: ``untraced`` (llmtrace not imported), ``productio
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
 sampled); ``unsampled_windows`` and ``unsampled_windows_python`` (``--arms``) are production's
 steps in unsampled windows alone, counted by llmtrace's compiled core and by its Python code
-(``LLMTRACE_STEP_COUNTER=python``). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
+(``LLMTRACE_STEP_COUNTER=python``, ``LLMTRACE_VLLM_OUTPUTS=python``). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
 main thread's count is the engine loop's; all threads' adds the builder's.
 
     python benchmarks/bench_vllm_step.py                      # callgrind, instructions per step (~5 min)
@@ -43,13 +43,13 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_ARMS = ("untraced", "production", "full")
 #: Production's nine steps in ten, alone: every engine window unsampled (a sampled window's share
 #: otherwise swings with how many of a short run's windows the dice picked), with llmtrace's
-#: compiled step counter and with its Python reference.
+#: compiled core (the step counter, the outputs pass) and with its Python reference.
 ARMS = (*DEFAULT_ARMS, "unsampled_windows", "unsampled_windows_python")
 ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
            "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"},
            "unsampled_windows": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0"},
            "unsampled_windows_python": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0",
-                                        "LLMTRACE_STEP_COUNTER": "python"}}
+                                        "LLMTRACE_STEP_COUNTER": "python", "LLMTRACE_VLLM_OUTPUTS": "python"}}
 PROMPT_TOKENS, OUTPUT_TOKENS = 20, 16
 
 
@@ -128,6 +128,13 @@ def _check_traced(arm: str) -> None:
 
     if error_counts():
         raise SystemExit(f"{arm}: the adapter failed in the warm-up: {error_counts()}")
+    if arm.startswith("unsampled_windows"):  # the arm counts what it names: steps by the compiled core, or none
+        from llmtrace.integrations.vllm import _engine
+
+        counts = [s.counter.counted() if s.counter is not None else None for s in _engine.engine_states()]
+        found = "none" if counts == [None] else ("some" if len(counts) == 1 and all(counts) else "?")
+        if found != ("none" if arm.endswith("_python") else "some"):
+            raise SystemExit(f"{arm}: steps counted by the compiled core in the warm-up: {counts}")
 
 
 def _no_record_mark() -> dict[str, str]:

@@ -220,9 +220,10 @@ def outputs_pass(
     open: dict[str, Any],
     states: dict[str, Any] | None,
     at_ns: int,
-    share: int,
+    share: int | None,
     summary_key: str,
+    first_to_python: bool = False,
 ) -> list[Any] | None:
-    """The vLLM API server's pass over a step's outputs for the common one (one token, nothing else to
+    """The vLLM adapter's pass over a step's outputs for the common one (one token, nothing else to
     read): counted on its open record; the others returned in order for the Python pass (None: none)."""
     ...

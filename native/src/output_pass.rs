@@ -1,15 +1,17 @@
-//! The vLLM API server's pass over a step's outputs (`integrations/vllm/_api.py`:
-//! `_api_outputs`), compiled for the output that needs nothing but counting.
+//! The vLLM adapter's pass over a step's outputs, compiled for the output that needs nothing but
+//! counting: on the API server (`integrations/vllm/_api.py`: `_api_outputs`) and in EngineCore
+//! (`integrations/vllm/_engine.py`: `_engine_outputs`).
 //!
 //! Every running request gets an output every engine step, and the common one is a decode
 //! step's: one new token for a request still running, with no request events of vLLM's and no
 //! engine summary in its `trace_headers`. For it the pass only appends the step's token time to
-//! the request's record and adds the request's share of the step's processing time — in Python
-//! ~65 bytecodes an output, a third of llmtrace's work on the API server's thread
-//! (docs/performance.md). `outputs_pass` does that for every such output and returns the others
-//! (a first or multi-token output, one with events or a summary, a request that ended or whose
-//! record has ended, any output it cannot read as expected) in order, untouched, for the Python
-//! pass to handle whole: the two together do exactly what the Python pass alone does.
+//! the request's record and (API server) adds the request's share of the step's processing
+//! time — in Python ~65 bytecodes an output, a third of llmtrace's work on the API server's
+//! thread (docs/performance.md). `outputs_pass` does that for every such output and returns the
+//! others (a first token where the caller asks, a multi-token output, one with events or a
+//! summary, a request that ended or whose record has ended, any output it cannot read as
+//! expected) in order, untouched, for the Python pass to handle whole: the two together do
+//! exactly what the Python pass alone does.
 
 use std::sync::OnceLock;
 
@@ -42,25 +44,43 @@ fn names(py: Python<'_>) -> &'static Names {
     })
 }
 
+/// How an output is counted: the step's token time, each output's share of the processing time
+/// (None: none kept), whether a request's first token goes to Python, the summary key.
+struct Counting<'a, 'py> {
+    at_ns: i64,
+    share: Option<i64>,
+    first_to_python: bool,
+    summary_key: &'a Bound<'py, PyString>,
+}
+
 /// The outputs of `outputs` the Python pass must handle, in order (None: none). `open`: the open
 /// request records by request id; `states`: vLLM's requests still open (`request_states`), or
 /// None to tell an ended request by its `finish_reason`; `at_ns`: the step's token time; `share`:
-/// each output's share of the processing time; `summary_key`: the `trace_headers` key of an
-/// engine summary.
+/// each output's share of the processing time, or None where the caller keeps none;
+/// `summary_key`: the `trace_headers` key of an engine summary; `first_to_python`: whether the
+/// first token of a request (its record has no token yet) is left to Python.
 #[pyfunction]
+#[pyo3(signature = (outputs, open, states, at_ns, share, summary_key, first_to_python=false))]
 pub(crate) fn outputs_pass<'py>(
     outputs: &Bound<'py, PyList>,
     open: &Bound<'py, PyDict>,
     states: Option<&Bound<'py, PyDict>>,
     at_ns: i64,
-    share: i64,
+    share: Option<i64>,
     summary_key: &Bound<'py, PyString>,
+    first_to_python: bool,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
     let py = outputs.py();
     let n = names(py);
+    let how = Counting {
+        at_ns,
+        share,
+        first_to_python,
+        summary_key,
+    };
     let mut left: Option<Bound<'py, PyList>> = None;
     for output in outputs.iter() {
-        if !counted(&output, open, states, at_ns, share, summary_key, n).unwrap_or(false) {
+        if !counted(&output, open, states, &how, n).unwrap_or(false) {
             // (An error reading it: the Python pass reads it again and reports what it finds.)
             match &left {
                 Some(list) => list.append(output)?,
@@ -76,9 +96,7 @@ fn counted(
     output: &Bound<'_, PyAny>,
     open: &Bound<'_, PyDict>,
     states: Option<&Bound<'_, PyDict>>,
-    at_ns: i64,
-    share: i64,
-    summary_key: &Bound<'_, PyString>,
+    how: &Counting<'_, '_>,
     n: &Names,
 ) -> PyResult<bool> {
     let py = output.py();
@@ -91,7 +109,7 @@ fn counted(
         return Ok(false);
     }
     let headers = output.getattr(n.trace_headers.bind(py))?;
-    if headers.is_truthy()? && headers.contains(summary_key)? {
+    if headers.is_truthy()? && headers.contains(how.summary_key)? {
         return Ok(false);
     }
     let still_open = match states {
@@ -103,9 +121,14 @@ fn counted(
     }
     let token_times = record.getattr(n.token_ns.bind(py))?;
     let token_times = token_times.cast::<PyList>()?;
-    let detokenize = record.getattr(n.detokenize_ns.bind(py))?.add(share)?;
-    // The last two can fail only by running out of memory: then the output may be counted twice.
-    record.setattr(n.detokenize_ns.bind(py), detokenize)?;
-    token_times.append(at_ns)?;
+    if how.first_to_python && token_times.is_empty() {
+        return Ok(false);
+    }
+    if let Some(share) = how.share {
+        let detokenize = record.getattr(n.detokenize_ns.bind(py))?.add(share)?;
+        record.setattr(n.detokenize_ns.bind(py), detokenize)?;
+    }
+    // Can fail only by running out of memory (then the output may be counted twice).
+    token_times.append(how.at_ns)?;
     Ok(true)
 }

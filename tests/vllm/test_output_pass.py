@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from llmtrace._native import load
+from llmtrace.integrations.vllm import _compiled
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from tests.vllm.conftest import requires_vllm
@@ -91,7 +92,7 @@ def test_the_compiled_pass_leaves_the_records_as_the_python_pass_does(api: Any, 
     vLLM tells the pass which requests it still holds) and without (the finish reason says it)."""
     ends = {}
     for compiled in (NATIVE.outputs_pass if NATIVE is not None else None, None):
-        monkeypatch.setattr(api, "COMPILED_PASS", compiled)
+        monkeypatch.setattr(_compiled, "OUTPUTS_PASS", compiled)
         handles = _open(api)
         processor = SimpleNamespace(request_states={i: object() for i in IDS if i != "last"} if states else None)
         api._api_outputs(processor, _outputs(), 5_000, 5_700)

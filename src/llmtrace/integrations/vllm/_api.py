@@ -13,9 +13,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from llmtrace import _native, _runtime, semconv
+from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import IN_TOKENIZER, tokenizer_call
+from llmtrace.integrations.vllm import _compiled
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
@@ -238,18 +239,6 @@ def _end_api(handle: RequestHandle, error: Exception | None = None, reason: str 
     handle.aborted(error, reason=reason)
 
 
-def _compiled_pass() -> Any:
-    """The compiled pass over a step's outputs (``llmtrace_native.outputs_pass``) where built, unless
-    ``LLMTRACE_VLLM_OUTPUTS=python`` (this module's pass alone, the reference)."""
-    native = _native.chosen_by("LLMTRACE_VLLM_OUTPUTS")
-    return None if native is None else native.outputs_pass
-
-
-#: Counts the common output (one token of a running request, nothing more to read) and leaves the
-#: others, in order, to :func:`_api_outputs`' own loop.
-COMPILED_PASS = _compiled_pass()
-
-
 # The helper below runs for every output of every engine step. It reads vLLM's ``EngineCoreOutput``
 # fields directly (a msgspec struct whose fields the version range fixes) and keeps the
 # per-output path free of helper calls; anything unexpected raises into ``@guarded``.
@@ -263,8 +252,9 @@ def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> No
     if not isinstance(states, dict):
         states = None
     open_requests, stats_events = API.open, API.stats_events
-    if COMPILED_PASS is not None and outputs.__class__ is list:
-        outputs = COMPILED_PASS(outputs, open_requests, states, start_ns, share, C.SUMMARY_KEY)
+    if (compiled := _compiled.OUTPUTS_PASS) is not None and outputs.__class__ is list:
+        # The common output counted there; the others, in order, left to the loop below.
+        outputs = compiled(outputs, open_requests, states, start_ns, share, C.SUMMARY_KEY)
         if outputs is None:
             return
     for output in outputs:
