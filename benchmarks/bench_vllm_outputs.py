@@ -14,15 +14,12 @@ them as in a deployment. No HTTP and no engine: what is measured is vLLM's outpu
 llmtrace's hooks on it, on the thread that runs them.
 
 Arms, each in its own process: ``untraced`` (llmtrace not imported), ``production``
-(``LLMTRACE_SAMPLE_RATIO=0.1``), ``full`` (every request sampled); ``production_python``
-(``--arms``): production with the pass over each step's outputs in Python alone
-(``LLMTRACE_VLLM_OUTPUTS=python``, no compiled core). Spans are built on the span
+(``LLMTRACE_SAMPLE_RATIO=0.1``), ``full`` (every request sampled). Spans are built on the span
 builder's thread and dropped (``exporter="none"``); metrics are on, as in a deployment (the API
 server records every request's).
 
     python benchmarks/bench_vllm_outputs.py                     # callgrind, instructions per step
     python benchmarks/bench_vllm_outputs.py --steps 2000 --base 400 --jobs 2
-    python benchmarks/bench_vllm_outputs.py --arms untraced,production,production_python
 
 Set-up (importing torch and vLLM, loading the tokenizer) runs before callgrind starts counting
 (``_callgrind.ready``); each arm's count at ``--steps`` minus its count at ``--base`` is divided
@@ -42,12 +39,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-DEFAULT_ARMS = ("untraced", "production", "full")
-#: ``production`` with the adapter's pass over each step's outputs in Python alone (the compiled
-#: core's pass, native/src/output_pass.rs, left out).
-ARMS = (*DEFAULT_ARMS, "production_python")
-ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1"}, "full": {"LLMTRACE_SAMPLE_RATIO": "1"},
-           "production_python": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_VLLM_OUTPUTS": "python"}}
+ARMS = ("untraced", "production", "full")
+ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1"}, "full": {"LLMTRACE_SAMPLE_RATIO": "1"}}
 RUNNING, PROMPT_TOKENS, OUTPUT_TOKENS = 8, 20, 16
 #: What the adapter's EngineCore half sends (integers, durations in ns): queue 1 ms, prefill 2 ms,
 #: and at the end decode 30 ms, no stall or preemption, steps 5..20.
@@ -169,7 +162,7 @@ def main() -> int:
     from _callgrind import chosen_arms, per_request, print_ratios, step_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    step_arguments(parser, ARMS, DEFAULT_ARMS)
+    step_arguments(parser, ARMS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.steps, args.model)

@@ -16,7 +16,7 @@ Arms, each in its own process: ``untraced`` (llmtrace not imported), ``productio
 (``LLMTRACE_SAMPLE_RATIO=0.1``, ``LLMTRACE_ENGINE_SAMPLE_RATIO=0.1``), ``full`` (everything
 sampled); ``unsampled_windows`` and ``unsampled_windows_python`` (``--arms``) are production's
 steps in unsampled windows alone, counted by llmtrace's compiled core and by its Python code
-(``LLMTRACE_STEP_COUNTER=python``, ``LLMTRACE_VLLM_OUTPUTS=python``). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
+(``LLMTRACE_STEP_COUNTER=python``). Spans are built on the span builder's thread and dropped (``exporter="none"``): the
 main thread's count is the engine loop's; all threads' adds the builder's.
 
     python benchmarks/bench_vllm_step.py                      # callgrind, instructions per step (~5 min)
@@ -43,13 +43,13 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_ARMS = ("untraced", "production", "full")
 #: Production's nine steps in ten, alone: every engine window unsampled (a sampled window's share
 #: otherwise swings with how many of a short run's windows the dice picked), with llmtrace's
-#: compiled core (the step counter, the outputs pass) and with its Python reference.
+#: compiled step counter and with its Python reference.
 ARMS = (*DEFAULT_ARMS, "unsampled_windows", "unsampled_windows_python")
 ARM_ENV = {"production": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0.1"},
            "full": {"LLMTRACE_SAMPLE_RATIO": "1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "1"},
            "unsampled_windows": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0"},
            "unsampled_windows_python": {"LLMTRACE_SAMPLE_RATIO": "0.1", "LLMTRACE_ENGINE_SAMPLE_RATIO": "0",
-                                        "LLMTRACE_STEP_COUNTER": "python", "LLMTRACE_VLLM_OUTPUTS": "python"}}
+                                        "LLMTRACE_STEP_COUNTER": "python"}}
 PROMPT_TOKENS, OUTPUT_TOKENS = 20, 16
 
 

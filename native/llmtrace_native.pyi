@@ -6,7 +6,7 @@
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar, final
 
-__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "StepCounter", "TokenizerMethod", "asgi_send", "classify_gaps", "critical_path", "outputs_pass", "path_totals", "scans", "tokenizer_method", "tokenizer_passing_through"]
+__all__ = ["ABI_VERSION", "ChromeTraceEvents", "Decoder", "EngineTable", "GapSet", "OtlpJsonEncoder", "StepCounter", "TokenizerMethod", "asgi_send", "classify_gaps", "critical_path", "path_totals", "scans", "tokenizer_method", "tokenizer_passing_through"]
 
 #: Bumped with ``llmtrace._native.ABI_VERSION`` whenever a signature changes.
 ABI_VERSION: int
@@ -214,16 +214,3 @@ def path_totals(
     requests: list[tuple[dict[str, Any], Any, int | None, str]], overlap_allowance_ns: int
 ) -> tuple[dict[str, list[int]], dict[tuple[str, ...], int], int, dict[tuple[str, str], tuple[str, float]]]: ...
 def scans(data: bytes) -> bool: ...
-
-def outputs_pass(
-    outputs: list[Any],
-    open: dict[str, Any],
-    states: dict[str, Any] | None,
-    at_ns: int,
-    share: int | None,
-    summary_key: str,
-    first_to_python: bool = False,
-) -> list[Any] | None:
-    """The vLLM adapter's pass over a step's outputs for the common one (one token, nothing else to
-    read): counted on its open record; the others returned in order for the Python pass (None: none)."""
-    ...

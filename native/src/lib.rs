@@ -906,7 +906,6 @@ mod critical_path;
 mod gpu_idle;
 mod named_tuple;
 mod otlp_json;
-mod output_pass;
 mod scan;
 mod step_counter;
 mod table;
@@ -924,7 +923,6 @@ fn llmtrace_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<otlp_json::OtlpJsonEncoder>()?;
     m.add_class::<step_counter::StepCounter>()?;
     m.add_function(wrap_pyfunction!(asgi_send::asgi_send, m)?)?;
-    m.add_function(wrap_pyfunction!(output_pass::outputs_pass, m)?)?;
     m.add("TokenizerMethod", tokenizer_method::method_type(m.py())?)?;
     m.add_function(wrap_pyfunction!(tokenizer_method::tokenizer_method, m)?)?;
     m.add_function(wrap_pyfunction!(

@@ -16,7 +16,6 @@ from typing import Any
 from llmtrace import _runtime, semconv
 from llmtrace._safety import guarded
 from llmtrace.integrations._common import IN_TOKENIZER, tokenizer_call
-from llmtrace.integrations.vllm import _compiled
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
@@ -252,11 +251,6 @@ def _api_outputs(processor: Any, outputs: Any, start_ns: int, end_ns: int) -> No
     if not isinstance(states, dict):
         states = None
     open_requests, stats_events = API.open, API.stats_events
-    if (compiled := _compiled.OUTPUTS_PASS) is not None and outputs.__class__ is list:
-        # The common output counted there; the others, in order, left to the loop below.
-        outputs = compiled(outputs, open_requests, states, start_ns, share, C.SUMMARY_KEY)
-        if outputs is None:
-            return
     for output in outputs:
         request_id = output.request_id
         handle = open_requests.get(request_id)

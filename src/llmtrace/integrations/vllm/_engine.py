@@ -16,7 +16,6 @@ from typing import Any
 
 from llmtrace import semconv
 from llmtrace._safety import guarded, record_error
-from llmtrace.integrations.vllm import _compiled
 from llmtrace.integrations.vllm import _constants as C
 from llmtrace.integrations.vllm import extractors as X
 from llmtrace.integrations.vllm._binding import Hook, binder
@@ -176,8 +175,8 @@ def _records_in_batch(handles: dict[str, RequestHandle], output: Any, scheduled:
     preemptions noted on theirs; and how many requests were preempted."""
     preempted = getattr(output, "preempted_req_ids", None) or ()
     _note_preempted(handles, preempted, at_ns)
-    # Looked up in C (map, filter): the batch is every running request, the records a few of them.
-    return list(filter(None, map(handles.get, scheduled))), len(preempted)
+    get = handles.get
+    return [handle for rid in scheduled if (handle := get(rid)) is not None], len(preempted)
 
 
 def _note_preempted(handles: dict[str, RequestHandle], preempted: Any, at_ns: int) -> None:
@@ -267,14 +266,7 @@ def _engine_outputs(state: _EngineState, pending: _Pending | None, result: Any, 
     handles = state.handles
     # Draft tokens per request, when speculative decoding runs (empty otherwise: one test per step).
     drafts = getattr(pending.output, "scheduled_spec_decode_tokens", None) if pending is not None else None
-    outputs = X.engine_outputs(result)
-    if (compiled := _compiled.OUTPUTS_PASS) is not None and not drafts:
-        # A running request's next token counted there; first tokens, finishes and the rest left below.
-        left = compiled(outputs, handles, None, start_ns, None, C.SUMMARY_KEY, True)
-        if left is None:
-            return
-        outputs = left
-    for output in outputs:
+    for output in X.engine_outputs(result):
         # Per request per step: keep this loop free of helper calls on the common (decode) path.
         handle = handles.get(output.request_id)
         if handle is None:
