@@ -393,7 +393,7 @@ class EngineTracer:
         (:meth:`allow_counter`), and at a step where it answers that the window must be settled
         (:meth:`settle_counter`). *batch_attr*: the attribute of a step's key object whose length is
         the batch size; *busy_attr*: the engine's attribute that is empty when no request is left.
-        Counted there, a step costs the engine thread three calls instead of ~300 bytecodes
+        Counted there, a step costs the engine thread three calls instead of ~170 bytecodes
         (docs/performance.md), for the same window totals."""
         native = _native.chosen_by("LLMTRACE_STEP_COUNTER")
         self.counter = None if native is None else native.StepCounter(records, batch_attr, busy_attr, max_pending)

@@ -5,7 +5,9 @@
 server takes from vLLM's own request events, ``C.NO_ENGINE_RECORD_KEY``);
 ``Scheduler.schedule`` begins an ``llm.step`` keyed by its ``SchedulerOutput``; the executor's
 ``execute_model`` marks the forward dispatch; ``Scheduler.update_from_output`` closes the step,
-counts tokens and sends the engine's durations back on the outputs' ``trace_headers``.
+counts tokens and sends the engine's durations back on the outputs' ``trace_headers``. A step of
+an unsampled window while no request has a record here is handed to the engine tracer's compiled
+counter first (``EngineTracer.attach_counter``), which counts it without Python work.
 """
 
 from __future__ import annotations
