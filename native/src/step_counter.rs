@@ -157,8 +157,18 @@ impl StepCounter {
         if !same || !self.records.bind(engine.py()).is_empty() {
             return Ok(false);
         }
-        let batch = key.getattr(self.batch_attr.bind(engine.py()))?;
-        let size = if batch.is_none() { 0 } else { batch.len()? };
+        // A key without a readable batch is left to the caller, which reads it leniently.
+        let Ok(batch) = key.getattr(self.batch_attr.bind(engine.py())) else {
+            return Ok(false);
+        };
+        let size = if batch.is_none() {
+            0
+        } else {
+            match batch.len() {
+                Ok(size) => size,
+                Err(_) => return Ok(false),
+            }
+        };
         let dropped = {
             let mut state = self.lock();
             if !state.open || state.steps_left <= 0 {

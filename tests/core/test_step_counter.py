@@ -42,7 +42,7 @@ def _counter(records: dict[str, Any] | None = None, max_pending: int = 4) -> Any
 
 def test_it_takes_only_the_steps_it_was_let_into() -> None:
     """Declined: before allow(), past the window's deadline, beyond its steps, another engine's step,
-    any step while a request record is open, any step after stop()."""
+    any step while a request record is open, a step whose batch it cannot read, any step after stop()."""
     records: dict[str, Any] = {}
     counter, engine, other = _counter(records), _Engine(), _Engine()
     assert not counter.scheduled(engine, _Step(1), 0, 1)
@@ -55,6 +55,7 @@ def test_it_takes_only_the_steps_it_was_let_into() -> None:
     assert counter.scheduled(engine, _Step(1), 10, 11) and counter.scheduled(engine, _Step(1), 20, 21)
     assert not counter.scheduled(engine, _Step(1), 30, 31)  # its two steps taken
     counter.allow(engine, 1_000, 5)
+    assert not counter.scheduled(engine, object(), 40, 41)  # no batch to read: the caller's to handle
     counter.stop()
     assert not counter.scheduled(engine, _Step(1), 40, 41)
     assert 2 == counter.pending()
