@@ -74,6 +74,13 @@ pub(crate) struct StepCounter {
     state: Mutex<State>,
 }
 
+impl State {
+    /// Whether a step that begins (or ends) at `at_ns` is still the allowed window's.
+    fn takes(&self, at_ns: i64) -> bool {
+        self.open && self.steps_left > 0 && at_ns < self.deadline_ns
+    }
+}
+
 impl StepCounter {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic never happens under the lock (no call into Python, no allocation that could
@@ -142,7 +149,7 @@ impl StepCounter {
     ) -> PyResult<bool> {
         let reference = {
             let state = self.lock();
-            if !state.open || state.steps_left <= 0 || start_ns >= state.deadline_ns {
+            if !state.takes(start_ns) {
                 return Ok(false);
             }
             match &state.engine {
@@ -171,7 +178,7 @@ impl StepCounter {
         };
         let dropped = {
             let mut state = self.lock();
-            if !state.open || state.steps_left <= 0 {
+            if !state.takes(start_ns) {
                 return Ok(false); // stopped meanwhile (another thread closed the window)
             }
             state.steps_left -= 1;
@@ -240,7 +247,7 @@ impl StepCounter {
             tally.forward_seen = true;
             tally.first_start_ns.get_or_insert(pending.start_ns);
             tally.end_ns = tally.end_ns.max(end_ns);
-            let due = !state.open || state.steps_left <= 0 || end_ns >= state.deadline_ns;
+            let due = !state.takes(end_ns);
             (pending, due)
         };
         drop(pending);
