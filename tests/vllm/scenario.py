@@ -73,10 +73,8 @@ def main() -> None:
         from llmtrace.integrations.vllm import _engine
 
         # An in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): how its steps were counted.
-        counters = [state.counter for state in _engine.engine_states()]
-        print("ENGINE " + json.dumps({"schedulers": len(counters),
-                                      "compiled_counts": [c.counted() if c is not None else None for c in counters]}),
-              flush=True)
+        counts = [s.counter.counted() if s.counter is not None else None for s in _engine.engine_states()]
+        print("ENGINE " + json.dumps({"compiled_counts": counts}), flush=True)
         llmtrace.shutdown()
 
 
